@@ -1,0 +1,32 @@
+# torchdeck — the two commands: `make up` and `make test`.
+# Both install what is missing first: a .venv with the project, and (for tests) the system
+# services the integration and browser tests run for real (Redis, PostgreSQL, Chromium).
+
+VENV   ?= .venv
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: up test install system-deps bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+up: install
+	@bash scripts/up.sh
+
+test: install system-deps
+	$(PY) -m pytest
+
+bench: install
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

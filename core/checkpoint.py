@@ -1,0 +1,101 @@
+"""Checkpoints that resume exactly (S-P1, S-P2) and early stopping with its state (S-T10).
+
+A checkpoint holds state_dicts only (never pickled objects) plus plain Python data, so it
+loads with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision
+
+
+class EarlyStopping:
+    """Tracks the best value of the monitored metric; says when to stop."""
+
+    def __init__(self, mode: str, patience: int, min_delta: float, enabled: bool = True):
+        self.mode, self.patience, self.min_delta, self.enabled = mode, patience, min_delta, enabled
+        self.best: float | None = None
+        self.best_epoch = 0
+        self.bad_epochs = 0
+
+    def improved(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def update(self, value: float, epoch: int) -> bool:
+        """Record an epoch's value; True when it is the new best."""
+        if self.improved(value):
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.enabled and self.bad_epochs >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_epoch": self.best_epoch, "bad_epochs": self.bad_epochs}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.best, self.best_epoch, self.bad_epochs = s["best"], s["best_epoch"], s["bad_epochs"]
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np.random.get_state()[1].tolist(), *(float(v) for v in np.random.get_state()[2:])],
+        "python": repr(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import ast
+
+    torch.set_rng_state(state["torch"])
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), cached))
+    random.setstate(ast.literal_eval(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        td = version("torchdeck")
+    except PackageNotFoundError:
+        td = "dev"
+    return {"torch": str(torch.__version__), "torchvision": str(torchvision.__version__), "torchdeck": td}
+
+
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """Write atomically: a crash mid-write never leaves a truncated last.pt behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({**payload, "versions": versions()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    # weights_only: loading a checkpoint never runs pickled code (S-P2: map_location given).
+    return torch.load(path, map_location=device, weights_only=True)

@@ -1,0 +1,371 @@
+"""The run specification: one validated schema for everything a run needs.
+
+This module must not import torch: the dashboard validates specs with it and must
+start fast. Every default is documented where it is declared; the form in the UI
+reads these descriptions as its help text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Closed registries. The form offers exactly these names; core/data.py and
+# core/models.py register exactly these (a test checks both ways).
+DATASET_NAMES: tuple[str, ...] = ("digits", "synthetic", "imagefolder", "mnist", "fashion_mnist", "cifar10")
+MODEL_NAMES: tuple[str, ...] = (
+    "mlp",
+    "simple_cnn",
+    "simple_cnn_wide",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "convnext_tiny",
+)
+EXPORT_FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
+MONITORS: tuple[str, ...] = ("val/loss", "val/acc", "train/loss", "train/acc")
+
+Precision = Literal["fp32", "fp16", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class _Section(BaseModel):
+    # extra="forbid": a misspelt key is an error, never silently ignored.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AugmentSpec(_Section):
+    """Augmentation applied to the training split only (S-D5); validation never sees it."""
+
+    random_crop: bool = Field(False, description="Random crop of the original size after zero padding.")
+    crop_padding: int = Field(4, ge=0, le=64, description="Padding in pixels added before the random crop.")
+    hflip: bool = Field(False, description="Random horizontal flip with probability 0.5 (off by default: digits are not symmetric).")
+    color_jitter: float = Field(
+        0.0, ge=0.0, le=1.0, description="Strength of random brightness/contrast jitter; 0 disables it."
+    )
+
+
+class DataSpec(_Section):
+    """Where the images come from and how they are split and normalised (S-D1…S-D8)."""
+
+    name: str = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
+    path: str | None = Field(
+        None,
+        description="imagefolder: a folder or .zip with one sub-folder per class. "
+        "mnist/fashion_mnist/cifar10: the root folder holding torchvision's files "
+        "(default: $TORCHDECK_DATA or ./data).",
+    )
+    download: bool = Field(False, description="Let torchvision download mnist/fashion_mnist/cifar10 (needs internet).")
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Fraction of the samples held out for validation (stratified, seeded).")
+    image_size: int | None = Field(
+        None, ge=4, le=1024, description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64)."
+    )
+    limit: int | None = Field(None, ge=2, description="Use at most this many samples (quick trials); none uses all.")
+    normalize: bool = Field(True, description="Normalise with mean/std computed on the training split (S-D4).")
+    augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-split augmentation.")
+    # synthetic only
+    num_classes: int = Field(10, ge=2, le=1000, description="synthetic: number of classes.")
+    num_samples: int = Field(2000, ge=4, description="synthetic: number of samples.")
+    channels: Literal[1, 3] = Field(3, description="synthetic: image channels (1 grayscale, 3 RGB).")
+    size: int = Field(32, ge=4, le=512, description="synthetic: image height and width.")
+    noise: float = Field(0.5, ge=0.0, le=10.0, description="synthetic: noise added to each class template (harder when larger).")
+    # imagefolder only
+    max_bad_fraction: float = Field(
+        0.05, ge=0.0, le=1.0, description="imagefolder: unreadable images are skipped and counted; above this fraction the dataset is refused."
+    )
+    cache_mb: int = Field(
+        2048, ge=0, description="Decode images once into memory when they fit in this many MB (S-D1); larger sets decode per item."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, v: str) -> str:
+        if v not in DATASET_NAMES:
+            raise ValueError(f"unknown dataset {v!r}; known datasets: {', '.join(DATASET_NAMES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> DataSpec:
+        if self.name == "imagefolder" and not self.path:
+            raise ValueError("data.path is required for imagefolder: a folder or a .zip with one sub-folder per class")
+        return self
+
+
+class ModelSpec(_Section):
+    """The network and how it is transferred (S-M1…S-M6)."""
+
+    name: str = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
+    pretrained: bool = Field(
+        False, description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline)."
+    )
+    weights_file: str | None = Field(
+        None, description="A state_dict to start from (.safetensors, or a torch file loaded with weights_only=True)."
+    )
+    transfer: Literal["scratch", "feature_extract", "finetune", "finetune_last_n"] = Field(
+        "scratch",
+        description="scratch: train all from random init; feature_extract: freeze the backbone, train the head; "
+        "finetune: train all; finetune_last_n: train the last N stages and the head.",
+    )
+    last_n: int = Field(1, ge=1, le=16, description="finetune_last_n: how many backbone stages (from the top) are trained.")
+    unfreeze_at_epoch: int | None = Field(
+        None, ge=1, description="Progressive unfreezing: from this epoch (1-based) on, the whole backbone is trained."
+    )
+    backbone_lr_mult: float = Field(
+        0.1, gt=0.0, le=10.0, description="Discriminative LR: backbone learning rate = optim.lr × this (the head uses optim.lr)."
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classification head.")
+    hidden: int = Field(128, ge=8, le=8192, description="mlp/simple_cnn: width of the hidden fully connected layer.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute stage activations in backward to save memory (S-T9); slower."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in MODEL_NAMES:
+            raise ValueError(f"unknown model {v!r}; known models: {', '.join(MODEL_NAMES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _transfer_needs_weights(self) -> ModelSpec:
+        if self.transfer in ("feature_extract", "finetune_last_n") and not (self.pretrained or self.weights_file):
+            raise ValueError(
+                f"model.transfer={self.transfer} freezes layers, which only makes sense with pretrained weights: "
+                "set model.pretrained=true or model.weights_file, or use transfer=scratch"
+            )
+        return self
+
+
+class OptimSpec(_Section):
+    """Optimizer (S-T4). Weight decay skips norms and biases by default."""
+
+    name: Literal["sgd", "adam", "adamw", "rmsprop"] = Field("adam", description="Optimizer; Adam at lr 1e-3 is the usual start.")
+    lr: float = Field(1e-3, gt=0.0, le=100.0, description="Learning rate of the head (and of the whole model from scratch).")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="L2 / decoupled weight decay.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd/rmsprop: momentum.")
+    nesterov: bool = Field(False, description="sgd: Nesterov momentum.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="adam/adamw: beta1, beta2.")
+    decay_norm_and_bias: bool = Field(False, description="Also apply weight decay to norm layers and biases (usually worse).")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("betas must both be in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> OptimSpec:
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0.0):
+            raise ValueError("optim.nesterov needs optim.name=sgd and optim.momentum > 0")
+        return self
+
+
+class ScheduleSpec(_Section):
+    """Learning-rate schedule (S-T5). All but plateau are applied per optimizer step."""
+
+    name: Literal["none", "step", "multistep", "cosine", "plateau", "onecycle"] = Field(
+        "none", description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
+        "plateau: decay when the monitored metric stalls; onecycle: up to optim.lr then down."
+    )
+    warmup_epochs: float = Field(0.0, ge=0.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle).")
+    step_size: int = Field(10, ge=1, description="step: decay every this many epochs.")
+    milestones: list[int] = Field(default_factory=list, description="multistep: epochs at which to decay.")
+    gamma: float = Field(0.1, gt=0.0, le=1.0, description="step/multistep/plateau: decay factor.")
+    min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate; plateau: lower bound.")
+    patience: int = Field(2, ge=0, description="plateau: epochs without improvement before decaying.")
+    pct_start: float = Field(0.3, gt=0.0, lt=1.0, description="onecycle: fraction of steps spent increasing the LR.")
+
+    @field_validator("milestones")
+    @classmethod
+    def _sorted_positive(cls, v: list[int]) -> list[int]:
+        if any(m < 1 for m in v) or v != sorted(set(v)):
+            raise ValueError("milestones must be increasing epoch numbers ≥ 1")
+        return v
+
+
+class GradClipSpec(_Section):
+    """Gradient clipping before the optimizer step (S-T6)."""
+
+    mode: Literal["none", "norm", "value"] = Field("norm", description="norm: clip_grad_norm_; value: clip_grad_value_; none.")
+    max: float = Field(1.0, gt=0.0, description="Max total norm (mode=norm) or max absolute value (mode=value).")
+
+
+class EarlyStoppingSpec(_Section):
+    """Stop when the monitored metric stops improving and keep the best weights (S-T10)."""
+
+    enabled: bool = Field(True, description="Stop early when the monitored metric stops improving.")
+    monitor: Literal["val/loss", "val/acc", "train/loss", "train/acc"] = Field("val/loss", description="Metric to watch.")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies.")
+    patience: int = Field(5, ge=1, description="Epochs without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
+    restore_best: bool = Field(True, description="Load the best epoch's weights at the end (exports use them).")
+
+    @property
+    def resolved_mode(self) -> Literal["min", "max"]:
+        if self.mode != "auto":
+            return self.mode
+        return "min" if self.monitor.endswith("loss") else "max"
+
+
+class TrainSpec(_Section):
+    """The loop: epochs, batches, precision and stability (S-T1…S-T13)."""
+
+    epochs: int = Field(10, ge=1, le=10_000, description="Maximum number of epochs.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Samples per optimizer micro-batch.")
+    accumulate: int = Field(1, ge=1, le=1024, description="Gradient accumulation: optimizer step every N micro-batches (S-T8).")
+    precision: Precision = Field("fp32", description="fp32; fp16 (CUDA, with GradScaler); bf16 (CPU or CUDA autocast).")
+    grad_clip: GradClipSpec = Field(default_factory=GradClipSpec, description="Gradient clipping.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Cross-entropy label smoothing.")
+    early_stopping: EarlyStoppingSpec = Field(default_factory=EarlyStoppingSpec, description="Early stopping.")
+    steps_per_epoch: int | None = Field(None, ge=1, description="Cap on training batches per epoch (quick trials); none: the whole split.")
+    log_every: int = Field(10, ge=1, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps.")
+    diag_every: int = Field(50, ge=1, description="Per-layer gradient norms and update/parameter ratios every N steps.")
+    overfit_check: bool = Field(False, description="Before training, check that the model can overfit one batch (S-T13).")
+    overfit_steps: int = Field(50, ge=5, le=1000, description="Steps of the overfit-one-batch check.")
+    detect_anomaly: bool = Field(True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op.")
+
+
+class CheckpointSpec(_Section):
+    """Checkpoints: last and best, enough to resume exactly (S-P1, S-P2)."""
+
+    save_last: bool = Field(True, description="Save last.pt at the end of every epoch (needed for resume).")
+    save_best: bool = Field(True, description="Save best.pt whenever the monitored metric improves.")
+
+
+class ExportSpec(_Section):
+    """Exports produced and verified against the trained model at the end (S-E1…S-E5)."""
+
+    formats: list[Literal["torchscript", "onnx", "pt2"]] = Field(
+        default_factory=lambda: list(EXPORT_FORMATS), description="Formats to export and verify; empty for none."
+    )
+    checkpoint: Literal["best", "last"] = Field("best", description="Which weights to export.")
+    atol: float = Field(1e-4, gt=0.0, description="Max absolute logit difference allowed against the eager model.")
+    parity_samples: int = Field(256, ge=1, le=4096, description="Validation samples used for the parity check.")
+    opset: int | None = Field(None, ge=13, le=23, description="ONNX opset; none uses the exporter's default.")
+
+    @field_validator("formats")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
+class LoaderSpec(_Section):
+    """DataLoader settings (S-D3, S-D7)."""
+
+    num_workers: int | None = Field(None, ge=0, le=64, description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).")
+    pin_memory: bool | None = Field(None, description="Pinned host memory; none: on when training on CUDA.")
+    device_cache_mb: int = Field(
+        1024, ge=0, description="Datasets up to this size (MB, as float32) are moved to the device once (S-D7); 0 disables it."
+    )
+
+
+class RunSpec(_Section):
+    """A whole training run. YAML keys mirror these sections."""
+
+    name: str | None = Field(None, max_length=200, description="A human-readable name for the run.")
+    data: DataSpec = Field(default_factory=DataSpec, description="Dataset, split, normalisation, augmentation.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Model and transfer learning.")
+    optim: OptimSpec = Field(default_factory=OptimSpec, description="Optimizer.")
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="Learning-rate schedule.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Training loop.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
+    export: ExportSpec = Field(default_factory=ExportSpec, description="Exports.")
+    loader: LoaderSpec = Field(default_factory=LoaderSpec, description="Data loading.")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Seed for Python, NumPy, torch, the split and the loaders (S-P3).")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and cuDNN determinism (slower).")
+    device: Device = Field("auto", description="auto: CUDA when available, else CPU.")
+    compile: bool = Field(False, description="torch.compile the model (S-T11); helps fixed-shape models on GPU.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunSpec:
+        if self.device == "cpu" and self.train.precision == "fp16":
+            raise ValueError("train.precision=fp16 needs a CUDA device; on CPU use bf16 or fp32")
+        return self
+
+    # --- identity ---------------------------------------------------------------
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON of the spec, name excluded (same recipe, same hash)."""
+        payload = self.model_dump(mode="json", exclude={"name"})
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def resource(self) -> Literal["cpu", "gpu"]:
+        """The worker queue a run needs: a CPU run never waits for a GPU worker."""
+        return "cpu" if self.device == "cpu" else "gpu"
+
+    # --- YAML --------------------------------------------------------------------
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str, overrides: list[str] | None = None) -> RunSpec:
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise SpecError([("(root)", "a run spec must be a YAML mapping of sections")])
+        return cls.from_dict(data, overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], overrides: list[str] | None = None) -> RunSpec:
+        data = apply_overrides(data, overrides or [])
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise SpecError(describe_errors(e)) from None
+
+
+class SpecError(ValueError):
+    """An invalid spec: a list of (field path, what is wrong and what is allowed)."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("invalid run spec:\n" + "\n".join(f"  {f}: {m}" for f, m in errors))
+
+
+def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
+    """Turn pydantic's errors into (dotted field, message) pairs a person can act on."""
+    out = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; allowed keys are the schema's fields)"
+        out.append((loc, msg))
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `--set a.b.c=value` overrides; values are parsed as YAML scalars/lists."""
+    data = json.loads(json.dumps(data))  # deep copy, JSON-safe
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError([(item, "an override must look like section.key=value, e.g. train.epochs=5")])
+        path, raw = item.split("=", 1)
+        keys = [k for k in path.strip().split(".") if k]
+        if not keys:
+            raise SpecError([(item, "empty key in override")])
+        node = data
+        for k in keys[:-1]:
+            child = node.setdefault(k, {})
+            if not isinstance(child, dict):
+                raise SpecError([(path, f"{k} is not a section")])
+            node = child
+        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return data
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
+    """Read and validate a YAML spec file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError([(str(p), "spec file not found")])
+    return RunSpec.from_yaml(p.read_text(), overrides)

@@ -1,0 +1,333 @@
+"""Datasets, the stratified split and the loaders (S-D1…S-D8).
+
+Every dataset becomes uint8 images (N, C, H, W) plus integer labels, decoded once
+(S-D1). Small sets live on the training device for the whole run (S-D7); large
+image folders decode per item in DataLoader workers. Normalisation (mean/std of
+the training split, S-D4) and augmentation (training split only, S-D5) run as
+batched tensor ops on the device, so they cost the same for every source.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from core.config import DATASET_NAMES, AugmentSpec, DataSpec, LoaderSpec
+from core.imagefolder import LazyImages, load_imagefolder
+
+TV_DATASETS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used, with what is wrong and how to fix it."""
+
+
+@dataclass
+class DataInfo:
+    """What a model and an export need to know about the data (recorded in checkpoints)."""
+
+    name: str
+    class_names: list[str]
+    channels: int
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    num_train: int
+    num_val: int
+    skipped: int = 0
+    skipped_files: list[str] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Split:
+    images: torch.Tensor | LazyImages  # uint8 (N, C, H, W), or lazily decoded files
+    labels: torch.Tensor  # int64 (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class DataBundle:
+    info: DataInfo
+    train: Split
+    val: Split
+
+
+# --- sources -------------------------------------------------------------------
+
+
+def _to_uint8(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    t = torch.as_tensor(x, dtype=torch.float32)
+    return (t.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _digits() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()  # 1,797 real 8×8 handwritten digits, pixel values 0..16
+    images = _to_uint8(d.images[:, None] / 16.0)
+    return images, torch.as_tensor(d.target, dtype=torch.int64), [str(c) for c in d.target_names]
+
+
+def _synthetic(spec: DataSpec, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Seeded class templates (smooth random patterns) plus per-sample noise: learnable, not trivial."""
+    g = torch.Generator().manual_seed(seed)
+    low = torch.rand(spec.num_classes, spec.channels, 4, 4, generator=g)
+    templates = F.interpolate(low, size=(spec.size, spec.size), mode="bilinear", align_corners=False)
+    labels = torch.arange(spec.num_samples) % spec.num_classes
+    labels = labels[torch.randperm(spec.num_samples, generator=g)]
+    noise = torch.randn(spec.num_samples, spec.channels, spec.size, spec.size, generator=g)
+    images = templates[labels] + spec.noise * 0.25 * noise
+    return _to_uint8(images), labels, [f"class_{i}" for i in range(spec.num_classes)]
+
+
+def _torchvision(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    import torchvision
+
+    root = Path(spec.path or os.environ.get("TORCHDECK_DATA", "data")).expanduser()
+    cls = getattr(torchvision.datasets, TV_DATASETS[spec.name])
+    try:
+        ds = cls(root=str(root), train=True, download=spec.download)
+    except RuntimeError as e:
+        raise DataError(
+            f"{spec.name} not found under {root.resolve()} ({e}). Offline, put torchvision's "
+            f"{TV_DATASETS[spec.name]} files there (e.g. {root}/{TV_DATASETS[spec.name]}/raw/ for MNIST-style sets, "
+            f"{root}/cifar-10-batches-py/ for CIFAR-10), or set data.download=true where the machine has internet."
+        ) from None
+    data = torch.as_tensor(np.asarray(ds.data))
+    images = data[:, None] if data.ndim == 3 else data.permute(0, 3, 1, 2)
+    return images.contiguous().to(torch.uint8), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64), list(ds.classes)
+
+
+def _imagefolder(spec: DataSpec, seed: int):
+    return load_imagefolder(spec.path or "", spec.image_size or 64, spec.max_bad_fraction, spec.cache_mb)
+
+
+# The dataset registry: name → loader(spec, seed) -> (uint8 images, labels, class names, skipped files).
+DATASETS = {
+    "digits": lambda spec, seed: (*_digits(), []),
+    "synthetic": lambda spec, seed: (*_synthetic(spec, seed), []),
+    "imagefolder": _imagefolder,
+    "mnist": lambda spec, seed: (*_torchvision(spec), []),
+    "fashion_mnist": lambda spec, seed: (*_torchvision(spec), []),
+    "cifar10": lambda spec, seed: (*_torchvision(spec), []),
+}
+assert tuple(DATASETS) == DATASET_NAMES, "core.config.DATASET_NAMES and core.data.DATASETS must list the same datasets"
+
+
+# --- split, statistics, resizing -----------------------------------------------------
+
+
+def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split that keeps every class's proportion in both parts (each class ≥1 val sample when it has ≥2)."""
+    rng = np.random.default_rng(seed)
+    y = labels.numpy()
+    train_idx, val_idx = [], []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n_val = int(round(len(idx) * val_fraction))
+        n_val = min(max(n_val, 1 if len(idx) >= 2 else 0), len(idx) - 1) if len(idx) > 1 else 0
+        val_idx.append(idx[:n_val])
+        train_idx.append(idx[n_val:])
+    return np.sort(np.concatenate(train_idx)), np.sort(np.concatenate(val_idx))
+
+
+def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel mean/std of uint8 images scaled to [0, 1], in float64 for accuracy."""
+    x = images.to(torch.float64) / 255.0
+    mean = x.mean(dim=(0, 2, 3))
+    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
+    return [float(v) for v in mean], [float(v) for v in std]
+
+
+def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = []
+    for chunk in images.split(1024):
+        f = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        out.append(f.round().clamp(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+def _subset(images: torch.Tensor | LazyImages, labels: torch.Tensor, idx: np.ndarray) -> Split:
+    t = torch.as_tensor(idx, dtype=torch.int64)
+    return Split(images[t] if isinstance(images, torch.Tensor) else images.subset(idx), labels[t])
+
+
+def load_data(spec: DataSpec, seed: int) -> DataBundle:
+    """Load, (optionally) limit, split and measure a registered dataset."""
+    images, labels, classes, skipped = DATASETS[spec.name](spec, seed)
+    if isinstance(images, torch.Tensor) and spec.image_size:
+        images = resize_uint8(images, spec.image_size)
+    if spec.limit and spec.limit < len(labels):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[: spec.limit])
+        sub = _subset(images, labels, keep)
+        images, labels = sub.images, sub.labels
+    tr, va = stratified_split(labels, spec.val_fraction, seed)
+    if len(va) == 0 or len(tr) == 0:
+        raise DataError(f"{spec.name}: {len(labels)} samples are too few to split with val_fraction={spec.val_fraction}")
+    train, val = _subset(images, labels, tr), _subset(images, labels, va)
+    stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
+    mean, std = channel_stats(stats_src) if spec.normalize else ([0.0] * stats_src.shape[1], [1.0] * stats_src.shape[1])
+    info = DataInfo(
+        name=spec.name, class_names=classes, channels=int(stats_src.shape[1]), image_size=int(stats_src.shape[-1]),
+        mean=mean, std=std, num_train=len(train), num_val=len(val), skipped=len(skipped), skipped_files=skipped[:20],
+    )
+    return DataBundle(info, train, val)
+
+
+# --- batched preprocessing on the device ------------------------------------------------
+
+
+class Preprocess:
+    """uint8 batch → float, augmented (train only) and normalised, all on the device."""
+
+    def __init__(self, info: DataInfo, augment: AugmentSpec | None, device: torch.device):
+        self.mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
+        self.augment = augment
+
+    def __call__(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+        x = x.float().div_(255.0)
+        if self.augment is not None and gen is not None:
+            x = augment_batch(x, self.augment, gen)
+        return (x - self.mean) / self.std
+
+
+def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator) -> torch.Tensor:
+    b, _, h, w = x.shape
+    dev = x.device
+    if aug.random_crop and aug.crop_padding > 0:
+        p = aug.crop_padding
+        padded = F.pad(x, (p, p, p, p))
+        dy = torch.randint(0, 2 * p + 1, (b,), generator=gen, device=dev)
+        dx = torch.randint(0, 2 * p + 1, (b,), generator=gen, device=dev)
+        rows = (dy[:, None] + torch.arange(h, device=dev))[:, :, None]  # (B, H, 1)
+        cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, :]  # (B, 1, W)
+        x = padded.permute(0, 2, 3, 1)[torch.arange(b, device=dev)[:, None, None], rows, cols].permute(0, 3, 1, 2)
+    if aug.hflip:
+        flip = torch.rand(b, generator=gen, device=dev) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    if aug.color_jitter > 0:
+        s = aug.color_jitter
+        bright = 1 + (torch.rand(b, 1, 1, 1, generator=gen, device=dev) * 2 - 1) * s
+        contrast = 1 + (torch.rand(b, 1, 1, 1, generator=gen, device=dev) * 2 - 1) * s
+        m = x.mean(dim=(1, 2, 3), keepdim=True)
+        x = ((x * bright - m) * contrast + m).clamp(0, 1)
+    return x.contiguous()
+
+
+# --- loaders ------------------------------------------------------------------------------
+
+
+def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    """A generator derived from (seed, epoch): the order and augmentation of epoch k do not
+    depend on what ran before, so a resumed run sees exactly the same batches."""
+    return torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
+
+
+class DeviceBatches:
+    """A whole split held on the device (S-D7): batches are index slices, no copies per step."""
+
+    def __init__(self, split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int):
+        assert isinstance(split.images, torch.Tensor)
+        self.x = split.images.to(device)
+        self.y = split.labels.to(device)
+        self.batch_size, self.shuffle, self.seed, self.device = batch_size, shuffle, seed, device
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (len(self.y) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n = len(self.y)
+        if self.shuffle:  # S-D2: only the training split is shuffled
+            order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(self.device)
+            for i in range(0, n, self.batch_size):
+                idx = order[i : i + self.batch_size]
+                yield self.x[idx], self.y[idx]
+        else:
+            for i in range(0, n, self.batch_size):
+                yield self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+
+
+class _SplitDataset(Dataset):
+    def __init__(self, split: Split):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split.images[i], self.split.labels[i]
+
+
+def _seed_worker(worker_id: int) -> None:
+    # S-D8: every loader worker gets its own seed, derived from the loader's generator.
+    s = torch.initial_seed() % 2**32
+    np.random.seed(s)
+    random.seed(s)
+
+
+class HostBatches:
+    """A DataLoader over host memory or lazily decoded files; batches moved per step."""
+
+    def __init__(self, split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec):
+        self.seed, self.shuffle, self.device, self.epoch = seed, shuffle, device, 0
+        self.num_workers = default_num_workers(loader, split)
+        self.pin = loader.pin_memory if loader.pin_memory is not None else device.type == "cuda"
+        self.dataset = _SplitDataset(split)
+        self.batch_size = batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (len(self.dataset) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        dl = DataLoader(
+            self.dataset, batch_size=self.batch_size, shuffle=self.shuffle, num_workers=self.num_workers,
+            pin_memory=self.pin, worker_init_fn=_seed_worker,
+            generator=epoch_generator(self.seed, self.epoch, torch.device("cpu")),
+            multiprocessing_context="spawn" if self.num_workers > 0 else None,
+            persistent_workers=False,
+        )
+        for x, y in dl:
+            yield x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
+
+
+def default_num_workers(loader: LoaderSpec, split: Split) -> int:
+    if loader.num_workers is not None:
+        return loader.num_workers
+    if isinstance(split.images, torch.Tensor):
+        return 0  # already decoded in memory: worker processes would only add IPC
+    return max(1, min(4, (os.cpu_count() or 2) // 2))  # S-D3: about half the cores
+
+
+def make_batches(split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec):
+    in_memory = isinstance(split.images, torch.Tensor)
+    fits = in_memory and split.images.numel() <= loader.device_cache_mb * 2**20
+    if fits and loader.num_workers in (None, 0):
+        return DeviceBatches(split, batch_size, shuffle, device, seed)
+    return HostBatches(split, batch_size, shuffle, device, seed, loader)

@@ -1,0 +1,253 @@
+"""Model registry and factory (S-M1…S-M6).
+
+`build_model(spec, num_classes, in_channels, image_size)` returns a `Classifier`:
+an input adapter (channel repeat / resize for small or grayscale inputs), a
+backbone split into named stages, and a head sized to the task. The uniform
+`stages` list is what transfer learning (freeze / finetune_last_n / progressive
+unfreezing), per-layer gradient norms and gradient checkpointing work on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from core.config import MODEL_NAMES, ModelSpec
+
+
+class SimpleCNN(nn.Module):
+    """The seeds' reference CNN (S-M2): two 3×3 convs with 2×2 pooling, fc→hidden→classes."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, widths: tuple[int, int], hidden: int, dropout: float):
+        super().__init__()
+        c1, c2 = widths
+        self.conv1 = nn.Sequential(nn.Conv2d(in_channels, c1, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+        self.conv2 = nn.Sequential(nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+        side = image_size // 4  # two 2×2 pools
+        self.fc1 = nn.Sequential(nn.Flatten(), nn.Linear(c2 * side * side, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(self.conv2(self.conv1(x))))
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, hidden: int, dropout: float):
+        super().__init__()
+        self.fc1 = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.fc2 = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fc2(self.fc1(x)))
+
+
+class InputAdapter(nn.Module):
+    """Makes small or grayscale images acceptable to ImageNet models (repeat channels, upsample)."""
+
+    def __init__(self, in_channels: int, want_channels: int, image_size: int, min_size: int):
+        super().__init__()
+        self.repeat = want_channels // in_channels if in_channels != want_channels else 1
+        self.size = max(image_size, min_size) if image_size < min_size else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.repeat > 1:
+            x = x.repeat(1, self.repeat, 1, 1)
+        if self.size is not None:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return x
+
+
+class _Checkpointed(nn.Module):
+    """Runs a stage under activation checkpointing while training (S-T9)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self.inner, x, use_reentrant=False)
+        return self.inner(x)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    family: str  # "small" or a torchvision family
+    tv_name: str | None  # torchvision.models name
+    stage_names: Callable[[nn.Module], list[str]]  # backbone stages, bottom to top
+    head_path: str  # attribute path of the classification head
+    min_size: int = 32
+
+
+def _resnet_stages(_: nn.Module) -> list[str]:
+    return ["stem", "layer1", "layer2", "layer3", "layer4"]
+
+
+def _features_stages(m: nn.Module) -> list[str]:
+    return [f"features.{i}" for i in range(len(m.features))]
+
+
+MODELS: dict[str, ModelEntry] = {
+    "mlp": ModelEntry("small", None, lambda m: ["fc1", "fc2"], "head", min_size=1),
+    "simple_cnn": ModelEntry("small", None, lambda m: ["conv1", "conv2", "fc1"], "fc2", min_size=4),
+    "simple_cnn_wide": ModelEntry("small", None, lambda m: ["conv1", "conv2", "fc1"], "fc2", min_size=4),
+    "resnet18": ModelEntry("resnet", "resnet18", _resnet_stages, "fc"),
+    "resnet34": ModelEntry("resnet", "resnet34", _resnet_stages, "fc"),
+    "resnet50": ModelEntry("resnet", "resnet50", _resnet_stages, "fc"),
+    "mobilenet_v3_small": ModelEntry("mobilenet", "mobilenet_v3_small", _features_stages, "classifier.3"),
+    "mobilenet_v3_large": ModelEntry("mobilenet", "mobilenet_v3_large", _features_stages, "classifier.3"),
+    "efficientnet_b0": ModelEntry("efficientnet", "efficientnet_b0", _features_stages, "classifier.1"),
+    "convnext_tiny": ModelEntry("convnext", "convnext_tiny", _features_stages, "classifier.2"),
+}
+assert tuple(MODELS) == MODEL_NAMES, "core.config.MODEL_NAMES and core.models.MODELS must list the same models"
+
+
+class Classifier(nn.Module):
+    """adapter → backbone → head, with the backbone's stages named for transfer learning."""
+
+    def __init__(self, name: str, adapter: nn.Module, net: nn.Module, stage_paths: list[str], head_path: str):
+        super().__init__()
+        self.arch = name
+        self.adapter = adapter
+        self.net = net
+        self.stage_paths = stage_paths
+        self.head_path = head_path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.adapter(x))
+
+    def stages(self) -> list[tuple[str, list[nn.Module]]]:
+        """Backbone stages bottom→top, then the head: (name, modules)."""
+        out = []
+        for p in self.stage_paths:
+            if p == "stem":  # resnet's stem is four modules, not one
+                out.append(("stem", [self.net.conv1, self.net.bn1]))
+            else:
+                out.append((p, [self.net.get_submodule(p)]))
+        out.append(("head", [self.net.get_submodule(self.head_path)]))
+        return out
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return list(self.net.get_submodule(self.head_path).parameters())
+
+    def param_groups_by_stage(self) -> dict[str, list[nn.Parameter]]:
+        """Every trainable-or-not parameter assigned to exactly one stage (leftovers go to 'other')."""
+        seen: set[int] = set()
+        groups: dict[str, list[nn.Parameter]] = {}
+        for name, mods in self.stages():
+            ps = [p for m in mods for p in m.parameters() if id(p) not in seen]
+            seen.update(id(p) for p in ps)
+            groups[name] = ps
+        rest = [p for p in self.parameters() if id(p) not in seen]
+        if rest:
+            groups["other"] = rest
+        return groups
+
+
+def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, attr = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, attr, new)
+
+
+def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int) -> nn.Module:
+    import torchvision
+
+    weights = None
+    if spec.pretrained:
+        # The weights API reads $TORCH_HOME/hub/checkpoints/<file> before downloading,
+        # so a planted or previously cached file works offline.
+        weights = torchvision.models.get_model_weights(entry.tv_name).DEFAULT
+    try:
+        net = torchvision.models.get_model(entry.tv_name, weights=weights)
+    except Exception as e:  # noqa: BLE001 - turned into an actionable message
+        if weights is None:
+            raise
+        fname = Path(weights.url).name
+        raise RuntimeError(
+            f"could not load pretrained weights for {entry.tv_name} ({e.__class__.__name__}: {e}). "
+            f"Offline, place the file {fname} in $TORCH_HOME/hub/checkpoints/ "
+            f"(TORCH_HOME defaults to ~/.cache/torch), or set model.pretrained=false."
+        ) from e
+    old = net.get_submodule(entry.head_path)
+    _replace(net, entry.head_path, nn.Linear(old.in_features, num_classes))  # S-M4: head sized to the task
+    if spec.dropout > 0 and entry.family == "resnet":
+        _replace(net, "fc", nn.Sequential(nn.Dropout(spec.dropout), net.fc))
+        return net
+    return net
+
+
+def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int) -> Classifier:
+    """Create a registered model for `num_classes` classes on `in_channels`×`image_size`² inputs."""
+    entry = MODELS[spec.name]
+    if entry.family == "small":
+        adapter: nn.Module = InputAdapter(in_channels, in_channels, image_size, entry.min_size)
+        size = max(image_size, entry.min_size)
+        if spec.name == "mlp":
+            net: nn.Module = MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout)
+        else:
+            widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)
+            net = SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
+        if spec.pretrained:
+            raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
+    else:
+        adapter = InputAdapter(in_channels, 3, image_size, entry.min_size)
+        net = _torchvision_net(entry, spec, num_classes)
+    head_path = entry.head_path
+    if spec.dropout > 0 and entry.family == "resnet":
+        head_path = "fc.1"
+    model = Classifier(spec.name, adapter, net, entry.stage_names(net), head_path)
+    if spec.weights_file:
+        load_weights_file(model, spec.weights_file)
+    if spec.gradient_checkpointing:
+        for p in model.stage_paths:
+            if p != "stem":
+                _replace(model.net, p, _Checkpointed(model.net.get_submodule(p)))
+        model.stage_paths = [p if p == "stem" else f"{p}.inner" for p in model.stage_paths]
+    return model
+
+
+def load_weights_file(model: Classifier, path: str) -> dict[str, list[str]]:
+    """Load a user state_dict without executing pickle code; report key mismatches clearly."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"model.weights_file not found: {p}")
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(p))
+    else:
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"{p} is not a weights-only torch file (pickled objects are refused): {e}") from e
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]  # a torchdeck checkpoint
+    own = model.state_dict()
+    # Accept both Classifier keys ("net.layer1...") and bare torchvision keys ("layer1...").
+    if not any(k in own for k in state) and any(f"net.{k}" in own for k in state):
+        state = {f"net.{k}": v for k, v in state.items()}
+    shape_bad = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    usable = {k: v for k, v in state.items() if k in own and k not in shape_bad}
+    missing = [k for k in own if k not in usable]
+    unexpected = [k for k in state if k not in own]
+    if not usable:
+        raise ValueError(
+            f"{p}: no parameter matches the model {model.arch} "
+            f"(unexpected keys: {unexpected[:5]}…; the file was saved from a different architecture)"
+        )
+    model.load_state_dict(usable, strict=False)
+    return {"missing": missing, "unexpected": unexpected, "shape_mismatch": shape_bad}
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable

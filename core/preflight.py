@@ -1,0 +1,92 @@
+"""Checks before the first step: output shape (S-M3), a labelled sample grid (S-D6),
+and optionally overfitting one batch (S-T13)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.data import DataBundle, Preprocess, Split
+
+
+class ShapeError(ValueError):
+    pass
+
+
+def _first(split: Split, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = min(n, len(split))
+    if isinstance(split.images, torch.Tensor):
+        return split.images[:n], split.labels[:n]
+    return torch.stack([split.images[i] for i in range(n)]), split.labels[:n]
+
+
+def check_shapes(model: nn.Module, data: DataBundle, device: torch.device) -> dict:
+    """Run a dummy batch of real samples through the model; compare with (batch, classes)."""
+    info = data.info
+    x, y = _first(data.train, 2)
+    bad = y[(y < 0) | (y >= info.num_classes)]
+    if len(bad):
+        raise ShapeError(f"labels {bad.tolist()} are outside 0..{info.num_classes - 1}")
+    x = Preprocess(info, None, device)(x.to(device))
+    model.eval()
+    with torch.inference_mode():
+        out = model(x)
+    expected = (x.shape[0], info.num_classes)
+    if tuple(out.shape) != expected:
+        raise ShapeError(
+            f"model output shape {tuple(out.shape)} does not match the expected (batch, classes) = {expected} "
+            f"for input {tuple(x.shape)}"
+        )
+    return {"input_shape": list(x.shape[1:]), "output_shape": list(out.shape[1:]), "num_classes": info.num_classes}
+
+
+def sample_grid(data: DataBundle, path: Path, n: int = 32) -> Path:
+    """A PNG grid of training samples with their class names written under each."""
+    from PIL import Image, ImageDraw
+
+    x, y = _first(data.train, n)
+    names = data.info.class_names
+    cell = max(48, min(128, x.shape[-1] * 4))
+    cols = min(8, len(y))
+    rows = (len(y) + cols - 1) // cols
+    label_h = 14
+    grid = Image.new("RGB", (cols * cell, rows * (cell + label_h)), "white")
+    draw = ImageDraw.Draw(grid)
+    for k in range(len(y)):
+        arr = x[k].numpy()
+        arr = np.repeat(arr, 3, axis=0) if arr.shape[0] == 1 else arr[:3]
+        im = Image.fromarray(arr.transpose(1, 2, 0)).resize((cell - 4, cell - 4), Image.NEAREST)
+        cx, cy = (k % cols) * cell, (k // cols) * (cell + label_h)
+        grid.paste(im, (cx + 2, cy + 2))
+        draw.text((cx + 3, cy + cell), str(names[int(y[k])])[:14], fill="black")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return path
+
+
+def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, steps: int, batch: int = 16) -> dict:
+    """Train a copy of the model on one small batch; a healthy model/loss/label setup memorises it."""
+    m = copy.deepcopy(model).to(device).train()
+    x, y = _first(data.train, batch)
+    x, y = Preprocess(data.info, None, device)(x.to(device)), y.to(device)
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+    crit = nn.CrossEntropyLoss()
+    first = last = float("nan")
+    for i in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = crit(m(x), y)
+        loss.backward()
+        opt.step()
+        if i == 0:
+            first = loss.item()
+    m.eval()
+    with torch.inference_mode():
+        logits = m(x)
+        last = crit(logits, y).item()
+        acc = (logits.argmax(1) == y).float().mean().item()
+    passed = acc >= 0.99 or last < 0.1 * first
+    return {"passed": passed, "initial_loss": first, "final_loss": last, "batch_acc": acc, "steps": steps, "batch": len(y)}

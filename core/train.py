@@ -1,0 +1,244 @@
+"""One run, top to bottom: set up, pre-flight, fit, summarise, export.
+
+`run_training(spec, out_dir, sink, control)` is what `torchdeck train` and the
+worker's child process both call. Outputs in `out_dir`: spec.yaml,
+checkpoints/{last,best}.pt, samples.png, summary.json, export/ (and the JSON-lines
+files when the caller's sink writes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
+from core.config import RunSpec
+from core.data import DataInfo, Preprocess, load_data, make_batches
+from core.diagnosis import ADVICE, Diagnoser
+from core.engine import Diverged, Trainer, fit
+from core.events import Control, NeverStop, Sink
+from core.models import build_model, count_parameters
+from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
+from core.preflight import check_shapes, overfit_one_batch, sample_grid
+
+FINAL_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+
+
+def resolve_device(spec: RunSpec) -> torch.device:
+    cuda = torch.cuda.is_available()
+    if spec.device == "cuda" and not cuda:
+        raise RuntimeError("device=cuda was asked but no CUDA device is visible here (check CUDA_VISIBLE_DEVICES, the driver, "
+                           "and that torch is a CUDA build); use device=auto or cpu")
+    device = torch.device("cuda" if spec.device == "cuda" or (spec.device == "auto" and cuda) else "cpu")
+    if device.type == "cpu" and spec.train.precision == "fp16":
+        raise RuntimeError("train.precision=fp16 needs CUDA, and this run resolved to the CPU; use bf16 or fp32")
+    return device
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """S-P3: Python, NumPy and torch seeds; deterministic algorithms when asked."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
+
+
+def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device) -> Trainer:
+    data = load_data(spec.data, spec.seed)
+    info = data.info
+    sink.event("lifecycle", "info", f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
+               f"{info.channels}×{info.image_size}×{info.image_size}", {"code": "data", **info.to_dict()})
+    if info.skipped:
+        sink.event("data", "warning", f"{info.skipped} unreadable image(s) skipped", {"code": "skipped_images", "files": info.skipped_files})
+    model = build_model(spec.model, info.num_classes, info.channels, info.image_size).to(device)
+    apply_transfer(model, spec.model, 1)
+    total, trainable = count_parameters(model)
+    sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
+               {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)})
+    forward = torch.compile(model) if spec.compile else model
+    optimizer = build_optimizer(model, spec.optim, spec.model)
+    train_b = make_batches(data.train, spec.train.batch_size, True, device, spec.seed, spec.loader)
+    val_b = make_batches(data.val, max(spec.train.batch_size, 256), False, device, spec.seed, spec.loader)
+    es = spec.train.early_stopping
+    t = Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=None, amp=AmpStep(spec.train, device.type),  # type: ignore[arg-type]
+                data=data, train_batches=train_b, val_batches=val_b, device=device, sink=sink, control=control,
+                diagnoser=Diagnoser(sink), early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out)
+    t.schedule = Schedule(optimizer, spec.schedule, t.steps_per_epoch, spec.train.epochs, es.resolved_mode)
+    return t
+
+
+def _resume(t: Trainer, path: Path, sink: Sink) -> int:
+    ck = load_checkpoint(path, t.device)
+    t.model.load_state_dict(ck["model"])
+    apply_transfer(t.model, t.spec.model, ck["epoch"] + 1)
+    t.optimizer.load_state_dict(ck["optimizer"])
+    t.schedule.load_state_dict(ck["schedule"])
+    t.amp.scaler.load_state_dict(ck["scaler"])
+    t.early.load_state_dict(ck["early_stopping"])
+    t.global_step, t.epoch, t.history = ck["global_step"], ck["epoch"], list(ck["history"])
+    t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
+    set_rng_state(ck["rng"])
+    sink.event("lifecycle", "info", f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
+               {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]})
+    return ck["epoch"] + 1
+
+
+def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
+    shapes = check_shapes(t.model, t.data, t.device)
+    sink.event("preflight", "info", f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
+               {"code": "shape_check", **shapes})
+    grid = sample_grid(t.data, out / "samples.png")
+    sink.artifact("sample_grid", str(grid), {"labels": "class names under each image"})
+    if t.spec.train.overfit_check:
+        r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
+        if r["passed"]:
+            sink.event("preflight", "info", f"overfit-one-batch passed: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}",
+                       {"code": "overfit_check", **r})
+        else:
+            t.diagnoser.emit("overfit_check_failed", "warning", f"could not overfit one batch of {r['batch']} in {r['steps']} "
+                             f"steps: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}, batch accuracy {r['batch_acc']:.0%}", **r)
+
+
+def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train one run to its end. Never raises for a run that merely failed: the summary says why."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.yaml").write_text(spec.to_yaml())
+    control = control or NeverStop()
+    start, t, status, error = time.time(), None, "failed", None
+    try:
+        device = resolve_device(spec)
+        seed_everything(spec.seed, spec.deterministic)
+        t = build_trainer(spec, out, sink, control, device)
+        last = out / "checkpoints" / "last.pt"
+        first_epoch = _resume(t, last, sink) if resume and last.is_file() else 1
+        if first_epoch == 1:
+            _preflight(t, out, sink)
+        sink.event("lifecycle", "info", f"training epochs {first_epoch}..{spec.train.epochs}", {"code": "started"})
+        status = fit(t, first_epoch)
+    except Diverged as e:
+        status, error = "diverged", str(e)
+        t and _diagnose_divergence(t, e)
+    except torch.OutOfMemoryError as e:
+        status, error = "failed", f"out of memory: {e}"
+        sink.event("diagnosis", "error", "CUDA out of memory", {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]})
+    except Exception as e:  # noqa: BLE001 - the run ends as failed with the traceback recorded
+        status, error = "failed", f"{e.__class__.__name__}: {e}"
+        sink.event("lifecycle", "error", error, {"code": "failed", "traceback": traceback.format_exc()})
+    summary = _finish(t, spec, out, sink, status, error, time.time() - start)
+    return summary
+
+
+def _diagnose_divergence(t: Trainer, e: Diverged) -> None:
+    data: dict[str, Any] = {"step": e.step, "value": str(e.value)}
+    if t.spec.train.detect_anomaly:
+        data["first_bad_op"] = _find_nan_source(t)
+    where = f"; first non-finite gradient in {data['first_bad_op']}" if data.get("first_bad_op") else ""
+    t.sink.event("diagnosis", "error", f"loss became {e.value} at step {e.step}{where}",
+                 {"code": "non_finite_loss", "advice": ADVICE["non_finite_loss"], **data})
+
+
+def _find_nan_source(t: Trainer) -> str | None:
+    """S-X6: replay one batch under anomaly detection (slow, so only after divergence)."""
+    x, y = next(iter(t.train_batches))
+    x = t.pre_val(x)
+    try:
+        with torch.autograd.detect_anomaly(check_nan=True):
+            t.model.train()
+            loss = torch.nn.functional.cross_entropy(t.model(x).float(), y)
+            loss.backward()
+    except RuntimeError as err:
+        msg = str(err).splitlines()[0]
+        return msg[:300]
+    finally:
+        t.optimizer.zero_grad(set_to_none=True)
+    return "forward pass (the weights are already non-finite)" if not torch.isfinite(loss) else None
+
+
+def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str, error: str | None, wall: float) -> dict[str, Any]:
+    best = None
+    if t is not None and t.early.best is not None:
+        best = {"metric": spec.train.early_stopping.monitor, "value": t.early.best, "epoch": t.early.best_epoch}
+    if t is not None and spec.train.early_stopping.restore_best and (out / "checkpoints" / "best.pt").is_file() and status != "diverged":
+        t.model.load_state_dict(load_checkpoint(out / "checkpoints" / "best.pt", t.device)["model"])
+    summary: dict[str, Any] = {
+        "status": status, "best": best, "epochs_run": t.epoch if t else 0, "wall_time_s": round(wall, 3),
+        "global_step": t.global_step if t else 0, "final": t.history[-1] if t and t.history else {}, "error": error,
+        "spec_hash": spec.spec_hash(),
+    }
+    if t is not None:
+        summary["parameters"] = count_parameters(t.model)[0]
+        for kind in ("best", "last"):
+            p = out / "checkpoints" / f"{kind}.pt"
+            if p.is_file():
+                sink.artifact(f"checkpoint_{kind}", str(p), {"epoch": t.early.best_epoch if kind == "best" else t.epoch})
+    if t is not None and spec.export.formats and status in ("completed", "early_stopped"):
+        summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    sink.event("lifecycle", "error" if status in ("failed", "diverged") else "info", f"run {status}"
+               + (f": {error}" if error else ""), {"code": status, "summary": summary})
+    return summary
+
+
+def validation_inputs(info: DataInfo, val, n: int, device: torch.device) -> torch.Tensor:
+    """Up to n real validation samples, preprocessed exactly as the model saw them."""
+    n = min(n, len(val))
+    x = val.images[:n] if isinstance(val.images, torch.Tensor) else torch.stack([val.images[i] for i in range(n)])
+    return Preprocess(info, None, device)(x.to(device))
+
+
+def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink) -> dict[str, Any]:
+    """Export + verify (core.export), registering each produced file as an artifact."""
+    from core.checkpoint import versions
+    from core.export import export_model
+
+    model = model.to("cpu").eval()
+    inputs = validation_inputs(info, val, spec.export.parity_samples, torch.device("cpu"))
+    meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size, "mean": info.mean,
+            "std": info.std, "spec_hash": spec.spec_hash(), "arch": spec.model.name, "versions": versions()}
+    sink.event("lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"})
+    report = export_model(model, inputs, out, list(spec.export.formats), meta, atol=spec.export.atol, opset=spec.export.opset)
+    files = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}
+    for fmt in spec.export.formats:
+        r = report.get("formats", {}).get(fmt, {})
+        if (out / files[fmt]).is_file():
+            sink.artifact(fmt, str(out / files[fmt]), r)
+        if not r.get("ok", False):
+            sink.event("export", "warning", f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}", {"code": "export_failed", "format": fmt})
+    for name, kind in (("export.json", "export_report"), ("bundle.zip", "bundle")):
+        if (out / name).is_file():
+            sink.artifact(kind, str(out / name), {})
+    return {fmt: bool(report.get("formats", {}).get(fmt, {}).get("ok")) for fmt in spec.export.formats}
+
+
+def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str] | None = None, sink: Sink | None = None) -> dict[str, Any]:
+    """`torchdeck export RUN_DIR`: rebuild the model from a checkpoint and export it."""
+    from core.events import MemorySink
+
+    run = Path(run_dir)
+    path = run / "checkpoints" / f"{checkpoint}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {checkpoint} checkpoint in {run} (expected {path})")
+    ck = load_checkpoint(path)
+    spec = RunSpec.model_validate(ck["spec"])
+    if formats is not None:
+        spec = spec.model_copy(update={"export": spec.export.model_copy(update={"formats": formats})})
+    data = load_data(spec.data, spec.seed)
+    model = build_model(spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
+                        data.info.num_classes, data.info.channels, data.info.image_size)
+    model.load_state_dict(ck["model"])
+    return export_trained(model, data.info, data.val, spec, run / "export", sink or MemorySink())
