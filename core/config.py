@@ -148,7 +148,7 @@ class OptimSpec(_Section):
     """Optimizer (S-T4). Weight decay skips norms and biases by default."""
 
     name: Literal["sgd", "adam", "adamw", "rmsprop"] = Field("adam", description="Optimizer; Adam at lr 1e-3 is the usual start.")
-    lr: float = Field(1e-3, gt=0.0, le=100.0, description="Learning rate of the head (and of the whole model from scratch).")
+    lr: float = Field(1e-3, gt=0.0, description="Learning rate of the head (and of the whole model from scratch).")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="L2 / decoupled weight decay.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd/rmsprop: momentum.")
     nesterov: bool = Field(False, description="sgd: Nesterov momentum.")

@@ -21,13 +21,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from core.config import DATASET_NAMES, AugmentSpec, DataSpec, LoaderSpec
-from core.imagefolder import LazyImages, load_imagefolder
+# DataError lives with the image-folder reader (which raises it) and is re-exported here.
+from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
 
 TV_DATASETS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
-
-
-class DataError(ValueError):
-    """A dataset that cannot be used, with what is wrong and how to fix it."""
 
 
 @dataclass
@@ -97,18 +94,24 @@ def _synthetic(spec: DataSpec, seed: int) -> tuple[torch.Tensor, torch.Tensor, l
     return _to_uint8(images), labels, [f"class_{i}" for i in range(spec.num_classes)]
 
 
+def _torchvision_where(name: str, root: Path) -> str:
+    if name == "cifar10":
+        return f"{root / 'cifar-10-batches-py'}/ (data_batch_1 … data_batch_5, test_batch, batches.meta)"
+    return f"{root / TV_DATASETS[name] / 'raw'}/ (train-images-idx3-ubyte, train-labels-idx1-ubyte, …, optionally .gz)"
+
+
 def _torchvision(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     import torchvision
 
-    root = Path(spec.path or os.environ.get("TORCHDECK_DATA", "data")).expanduser()
+    root = Path(spec.path or os.environ.get("TORCHDECK_DATA", "data")).expanduser().resolve()
     cls = getattr(torchvision.datasets, TV_DATASETS[spec.name])
     try:
         ds = cls(root=str(root), train=True, download=spec.download)
-    except RuntimeError as e:
+    except (RuntimeError, OSError) as e:  # not on disk; or the download failed (offline)
         raise DataError(
-            f"{spec.name} not found under {root.resolve()} ({e}). Offline, put torchvision's "
-            f"{TV_DATASETS[spec.name]} files there (e.g. {root}/{TV_DATASETS[spec.name]}/raw/ for MNIST-style sets, "
-            f"{root}/cifar-10-batches-py/ for CIFAR-10), or set data.download=true where the machine has internet."
+            f"{spec.name} not found under {root} ({e.__class__.__name__}: {e}). Offline, put torchvision's "
+            f"{TV_DATASETS[spec.name]} files in {_torchvision_where(spec.name, root)}, "
+            "or set data.download=true where the machine has internet."
         ) from None
     data = torch.as_tensor(np.asarray(ds.data))
     images = data[:, None] if data.ndim == 3 else data.permute(0, 3, 1, 2)
@@ -149,10 +152,18 @@ def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tu
 
 
 def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per-channel mean/std of uint8 images scaled to [0, 1], in float64 for accuracy."""
-    x = images.to(torch.float64) / 255.0
-    mean = x.mean(dim=(0, 2, 3))
-    std = x.std(dim=(0, 2, 3)).clamp_min(1e-6)
+    """Per-channel mean/std of uint8 images scaled to [0, 1] (unbiased std, like torch.std).
+    Sums in float64 over chunks: a whole float64 copy of CIFAR-10's train split would take ~1 GB."""
+    c = images.shape[1]
+    s, s2, n = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64), 0
+    for chunk in images.split(4096):
+        x = chunk.to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
+        s += x.sum(1)
+        s2 += (x * x).sum(1)
+        n += x.shape[1]
+    mean = s / n
+    var = ((s2 - n * mean * mean) / max(1, n - 1)).clamp_min(0.0)
+    std = var.sqrt().clamp_min(1e-6)
     return [float(v) for v in mean], [float(v) for v in std]
 
 
@@ -229,8 +240,9 @@ def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator) -> to
         s = aug.color_jitter
         bright = 1 + (torch.rand(b, 1, 1, 1, generator=gen, device=dev) * 2 - 1) * s
         contrast = 1 + (torch.rand(b, 1, 1, 1, generator=gen, device=dev) * 2 - 1) * s
-        m = x.mean(dim=(1, 2, 3), keepdim=True)
-        x = ((x * bright - m) * contrast + m).clamp(0, 1)
+        x = (x * bright).clamp(0, 1)
+        m = x.mean(dim=(1, 2, 3), keepdim=True)  # contrast around the brightened image's own mean
+        x = ((x - m) * contrast + m).clamp(0, 1)
     return x.contiguous()
 
 
@@ -327,7 +339,8 @@ def default_num_workers(loader: LoaderSpec, split: Split) -> int:
 
 def make_batches(split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec):
     in_memory = isinstance(split.images, torch.Tensor)
-    fits = in_memory and split.images.numel() <= loader.device_cache_mb * 2**20
+    # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
+    fits = in_memory and split.images.numel() * 4 <= loader.device_cache_mb * 2**20
     if fits and loader.num_workers in (None, 0):
         return DeviceBatches(split, batch_size, shuffle, device, seed)
     return HostBatches(split, batch_size, shuffle, device, seed, loader)

@@ -17,17 +17,34 @@ from torch import nn
 
 from core.checkpoint import EarlyStopping, rng_state, save_checkpoint
 from core.config import RunSpec
-from core.data import DataBundle, Preprocess, epoch_generator
+from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
 from core.diagnosis import Diagnoser
 from core.events import Control, Sink
 from core.models import Classifier
 from core.optim import AmpStep, Schedule, apply_transfer
 
 
+# A loss this many times its first value is divergence even while still finite (lr 1e3 sends a
+# cross-entropy of 1.1 to 1e16 in one step, then to inf gradients, yet never to NaN).
+DIVERGE_FACTOR = 1e4
+
+
 class Diverged(RuntimeError):
     def __init__(self, step: int, value: float, where: str):
-        super().__init__(f"loss became {value} at step {step} ({where})")
+        super().__init__(f"loss became {value:.4g} at step {step} ({where})")
         self.step, self.value, self.where = step, value, where
+
+
+def check_divergence(t: Trainer, step: int, loss: float, grad_norm: float | None) -> None:
+    if t.ref_loss is None and math.isfinite(loss):
+        t.ref_loss = loss
+    if not math.isfinite(loss):
+        raise Diverged(step, loss, "non-finite loss")
+    if t.ref_loss is not None and loss > DIVERGE_FACTOR * max(t.ref_loss, 1e-3):
+        raise Diverged(step, loss, f"more than {DIVERGE_FACTOR:.0e}× the first loss {t.ref_loss:.4g}")
+    # With an fp16 GradScaler, inf gradients are expected now and then (the step is skipped).
+    if grad_norm is not None and not math.isfinite(grad_norm) and not t.amp.scaler.is_enabled():
+        raise Diverged(step, loss, f"gradient norm {grad_norm}")
 
 
 class Stopped(Exception):
@@ -56,6 +73,7 @@ class Trainer:
     criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     global_step: int = 0
     epoch: int = 0  # last completed epoch
+    ref_loss: float | None = None  # the first logged loss, the yardstick for divergence
     history: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -64,6 +82,12 @@ class Trainer:
         self.pre_train = Preprocess(self.data.info, aug if any_aug else None, self.device)
         self.pre_val = Preprocess(self.data.info, None, self.device)
         self.groups = self.model.param_groups_by_stage()
+        # S-D1: with no augmentation, a device-resident split is normalised once, not every step.
+        budget = self.spec.loader.device_cache_mb * 2**20
+        for batches, pre in ((self.train_batches, self.pre_train), (self.val_batches, self.pre_val)):
+            if isinstance(batches, DeviceBatches) and pre.augment is None and batches.x.numel() * 4 <= budget:
+                batches.x = torch.cat([pre(chunk) for chunk in batches.x.split(4096)])
+
 
     @property
     def steps_per_epoch(self) -> int:
@@ -80,6 +104,11 @@ class Trainer:
             if grads:
                 out[f"grad_norm/{name}"] = torch.nn.utils.get_total_norm(grads)
         return out
+
+
+def prepare(pre: Preprocess, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 batches are preprocessed now; float batches were normalised once up front."""
+    return x if x.is_floating_point() else pre(x, gen)
 
 
 def set_train_mode(model: Classifier) -> None:
@@ -110,7 +139,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
         waited = time.perf_counter() - t0
         win_wait += waited
         ep_wait += waited
-        x = t.pre_train(x, gen)
+        x = prepare(t.pre_train, x, gen)
         with t.amp.autocast():
             logits = t.forward(x)
         loss = crit(logits.float(), y)  # S-T3: cross-entropy on raw logits
@@ -124,7 +153,7 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
         if (i + 1) % spec.accumulate and i + 1 < n_micro:
             continue
         step = t.global_step + 1
-        log, diag = step % spec.log_every == 0, step % spec.diag_every == 0
+        log, diag = step % spec.log_every == 0 or step == 1, step % spec.diag_every == 0
         norms, before = {}, []
 
         def inspect() -> None:
@@ -145,12 +174,11 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
                       "throughput": win_samples / max(now - t_win, 1e-9), "data_wait": win_wait / max(now - t_win, 1e-9)}
             if grad_norm is not None:
                 values["grad_norm"] = float(grad_norm)
-            if not math.isfinite(values["train/loss"]):
-                raise Diverged(step, values["train/loss"], f"epoch {epoch}")
             values.update({k: float(v) for k, v in norms.items()})
             if diag:
                 t.diagnoser.layer_norms(step, {k.removeprefix("grad_norm/"): v for k, v in values.items() if k.startswith("grad_norm/")})
-            t.sink.metrics(step, epoch, values)
+            t.sink.metrics(step, epoch, values)  # logged first: the chart shows the explosion
+            check_divergence(t, step, values["train/loss"], values.get("grad_norm"))
             t.sink.progress(step, t.steps_per_epoch * t.spec.train.epochs)
             win_loss.zero_()
             win_batches, win_samples, win_wait, t_win = 0, 0, 0.0, now
@@ -187,7 +215,7 @@ def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
     crit = nn.CrossEntropyLoss(reduction="sum")
     for x, y in t.val_batches:
         with t.amp.autocast():
-            logits = t.forward(t.pre_val(x)).float()
+            logits = t.forward(prepare(t.pre_val, x)).float()
         loss_sum += crit(logits, y)
         pred = logits.argmax(1)
         confusion += torch.bincount(y * c + pred, minlength=c * c)
@@ -215,7 +243,7 @@ def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
         "scaler": t.amp.scaler.state_dict(), "early_stopping": t.early.state_dict(), "epoch": epoch,
         "global_step": t.global_step, "rng": rng_state(), "spec": t.spec.model_dump(mode="json"),
         "data_info": t.data.info.to_dict(), "history": t.history,
-        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)},
+        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)}, "ref_loss": t.ref_loss,
     }
 
 

@@ -15,6 +15,16 @@ import numpy as np
 import torch
 
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+GRAY_MODES = ("L", "1", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+ALPHA_MODES = ("RGBA", "LA", "PA", "P", "La", "RGBa")
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used, with what is wrong and how to fix it."""
+
+
+class DataNotFoundError(DataError, FileNotFoundError):
+    """The dataset's path does not exist (also a FileNotFoundError for callers that catch that)."""
 
 
 def _is_hidden(parts: tuple[str, ...]) -> bool:
@@ -33,9 +43,10 @@ class _Source:
         return {"root": self.root, "is_zip": self.is_zip, "_zf": None}
 
     def names(self) -> list[str]:
+        """Every member, folders included (with a trailing '/') so that empty class folders are seen."""
         if self.is_zip:
-            return [n for n in self._zip().namelist() if not n.endswith("/")]
-        return [p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()]
+            return self._zip().namelist()
+        return [p.relative_to(self.root).as_posix() + ("/" if p.is_dir() else "") for p in self.root.rglob("*")]
 
     def read(self, name: str) -> bytes:
         if self.is_zip:
@@ -48,18 +59,32 @@ class _Source:
         return self._zf
 
 
+def _to_8bit(im):
+    """16-bit and float grayscale → 8-bit L by scaling; PIL's own convert('L') clips them to white."""
+    from PIL import Image
+
+    arr = np.asarray(im, dtype=np.float64)
+    if im.mode == "F":
+        arr = arr * 255.0 if arr.size and arr.max() <= 1.0 else arr
+    elif arr.size and arr.max() > 255:  # I;16 (and I holding 16-bit data): 0..65535
+        arr = arr / 257.0
+    return Image.fromarray(np.clip(arr.round(), 0, 255).astype(np.uint8), mode="L")
+
+
 def _decode(data: bytes, mode: str, size: int) -> np.ndarray:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
         im.load()
-        if im.mode in ("RGBA", "LA", "P") and mode == "RGB":
+        if im.mode in ALPHA_MODES and mode == "RGB":
             im = im.convert("RGBA")
             bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # transparent → white
             im = Image.alpha_composite(bg, im)
+        elif im.mode.startswith("I") or im.mode == "F":
+            im = _to_8bit(im)
         im = im.convert(mode).resize((size, size), Image.BILINEAR)
-        arr = np.asarray(im, dtype=np.uint8)
-    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        arr = np.array(im, dtype=np.uint8)  # a writable copy: torch refuses to share read-only buffers safely
+    return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
 class LazyImages:
@@ -83,36 +108,52 @@ class LazyImages:
         return torch.stack([self[i] for i in idx])
 
 
+Entry = tuple[str, tuple[str, ...], bool]  # (member name, path parts, is a folder)
+
+
+def _unwrap(entries: list[Entry]) -> list[Entry]:
+    """A zip often wraps the classes in one top folder (dataset/cat/1.png): look inside it.
+    Loose top-level files (README) do not stop this; a top folder holding images itself does."""
+    while True:
+        tops = {p[0] for _, p, is_dir in entries if is_dir or len(p) > 1}
+        deeper = any(len(p) > 2 or (is_dir and len(p) > 1) for _, p, is_dir in entries)
+        own_images = any(len(p) == 2 and not d and PurePosixPath(p[1]).suffix.lower() in IMAGE_EXTS for _, p, d in entries)
+        if len(tops) != 1 or not deeper or own_images:
+            return entries
+        top = tops.pop()
+        entries = [(n, p[1:], d) for n, p, d in entries if p[0] == top and len(p) > 1]
+
+
 def _class_files(source: _Source, label: str) -> dict[str, list[str]]:
-    names = [n for n in source.names() if not _is_hidden(PurePosixPath(n).parts)]
-    parts = [PurePosixPath(n).parts for n in names]
-    # A zip often wraps the classes in one top folder (dataset/cat/1.png): look inside it.
-    while parts and all(len(p) > 2 for p in parts) and len({p[0] for p in parts}) == 1:
-        parts = [p[1:] for p in parts]
+    entries = [(n, PurePosixPath(n).parts, n.endswith("/")) for n in source.names()]
+    entries = _unwrap([e for e in entries if e[1] and not _is_hidden(e[1])])
     classes: dict[str, list[str]] = {}
-    for name, p in zip(names, parts, strict=True):
-        if len(p) < 2:
+    for name, p, is_dir in entries:
+        if len(p) < 2 and not is_dir:
             continue  # files at the top level belong to no class
         files = classes.setdefault(p[0], [])
-        if PurePosixPath(name).suffix.lower() in IMAGE_EXTS:
+        if not is_dir and PurePosixPath(name).suffix.lower() in IMAGE_EXTS:
             files.append(name)
     if len(classes) < 2:
-        raise ValueError(
+        raise DataError(
             f"{label}: an image folder needs at least 2 class sub-folders, found {len(classes)} "
             f"({', '.join(sorted(classes)) or 'none'}). Expected layout: <root>/<class>/<image>.png"
         )
     empty = sorted(c for c, f in classes.items() if not f)
     if empty:
-        raise ValueError(f"{label}: class folder(s) with no images: {', '.join(empty)} (images: {', '.join(sorted(IMAGE_EXTS))})")
+        raise DataError(
+            f"{label}: class folder(s) with no images: {', '.join(empty)} "
+            f"(image files end in {', '.join(sorted(IMAGE_EXTS))}); add images or remove the folder(s)"
+        )
     return {c: sorted(classes[c]) for c in sorted(classes)}
 
 
 def _open(path: str) -> _Source:
     root = Path(path).expanduser()
     if not root.exists():
-        raise FileNotFoundError(f"data.path not found: {root}")
+        raise DataNotFoundError(f"data.path not found: {root} (give a folder or a .zip with one sub-folder per class)")
     if root.is_file() and not zipfile.is_zipfile(root):
-        raise ValueError(f"data.path {root} is a file but not a zip archive; give a folder or a .zip of class folders")
+        raise DataError(f"data.path {root} is a file but not a zip archive; give a folder or a .zip of class folders")
     return _Source(root)
 
 
@@ -123,7 +164,7 @@ def _choose_mode(source: _Source, files: list[str]) -> str:
     for name in files:
         try:
             with Image.open(io.BytesIO(source.read(name))) as im:
-                if im.mode not in ("L", "1", "I;16", "I", "F"):
+                if im.mode not in GRAY_MODES:
                     return "RGB"
         except Exception:  # noqa: BLE001 - counted as unreadable later
             continue
@@ -143,7 +184,7 @@ def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: in
     decoded, good, labels, skipped = [], [], [], []
     for f, y in zip(files, labels_all, strict=True):
         try:
-            arr = _decode(source.read(f), mode, size)
+            arr = _decode(source.read(f), mode, size)  # every file is decoded once: corrupt ones are found now
         except Exception:  # noqa: BLE001 - a corrupt file is skipped and counted
             skipped.append(f)
             continue
@@ -152,14 +193,14 @@ def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: in
         good.append(f)
         labels.append(y)
     if files and len(skipped) / len(files) > max_bad_fraction:
-        raise ValueError(
+        raise DataError(
             f"{path}: {len(skipped)} of {len(files)} images are unreadable "
             f"(more than data.max_bad_fraction={max_bad_fraction}), e.g. {', '.join(skipped[:5])}"
         )
-    counts = np.bincount(labels, minlength=len(classes))
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes))
     if (counts == 0).any():
         lost = [c for c, n in zip(classes, counts, strict=True) if n == 0]
-        raise ValueError(f"{path}: every image of class(es) {', '.join(lost)} is unreadable")
+        raise DataError(f"{path}: every image of class(es) {', '.join(lost)} is unreadable, e.g. {', '.join(skipped[:5])}")
     y = torch.as_tensor(labels, dtype=torch.int64)
     images = torch.from_numpy(np.stack(decoded)) if eager else LazyImages(source, good, mode, size)
     return images, y, list(classes), skipped

@@ -9,6 +9,7 @@ unfreezing), per-layer gradient norms and gradient checkpointing work on.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,17 +65,64 @@ class InputAdapter(nn.Module):
         return x
 
 
+class _KeepNormStats:
+    """Context for checkpointing's recomputation: it runs the stage's forward a second time, which
+    would update BatchNorm running statistics twice per step. Restore them afterwards."""
+
+    def __init__(self, module: nn.Module):
+        self.norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        self.saved: list[list[torch.Tensor]] = []
+
+    def _buffers(self, m: nn.Module) -> list[torch.Tensor]:
+        return [b for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+
+    def __enter__(self) -> None:
+        self.saved = [[b.clone() for b in self._buffers(m)] for m in self.norms]
+
+    def __exit__(self, *exc: object) -> None:
+        with torch.no_grad():
+            for m, saved in zip(self.norms, self.saved, strict=True):
+                for b, v in zip(self._buffers(m), saved, strict=True):
+                    b.copy_(v)
+
+
 class _Checkpointed(nn.Module):
-    """Runs a stage under activation checkpointing while training (S-T9)."""
+    """Runs a stage under activation checkpointing while training (S-T9).
+
+    Transparent to state_dict: keys are the wrapped stage's own (no ".inner."), so weights move
+    freely between runs with and without checkpointing."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
         self.inner = inner
+        self.register_state_dict_post_hook(_drop_inner_keys)
+        self.register_load_state_dict_pre_hook(_add_inner_keys)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
-            return checkpoint(self.inner, x, use_reentrant=False)
+            return self._checkpointed(x)
         return self.inner(x)
+
+    @torch.jit.unused  # keeps the model scriptable (export's fallback); no annotations: jit cannot read postponed ones here
+    def _checkpointed(self, x):  # noqa: ANN001, ANN202
+        keep = lambda: (contextlib.nullcontext(), _KeepNormStats(self.inner))  # noqa: E731
+        return checkpoint(self.inner, x, use_reentrant=False, context_fn=keep)
+
+
+def _drop_inner_keys(module: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
+    inner = prefix + "inner."
+    for k in [k for k in state if k.startswith(inner)]:  # the subtree's keys are the last ones: order kept
+        state[prefix + k[len(inner) :]] = state.pop(k)
+    meta = getattr(state, "_metadata", None)  # module versions, keyed by module path
+    if meta is not None:
+        for k in [k for k in meta if k.startswith(inner) or k == inner[:-1]]:
+            meta[prefix[:-1] if k == inner[:-1] else prefix + k[len(inner) :]] = meta.pop(k)
+
+
+def _add_inner_keys(module: nn.Module, state: dict, prefix: str, *_: object) -> None:
+    inner = prefix + "inner."
+    for k in [k for k in state if k.startswith(prefix) and not k.startswith(inner)]:
+        state[inner + k[len(prefix) :]] = state.pop(k)
 
 
 @dataclass(frozen=True)
@@ -119,6 +167,7 @@ class Classifier(nn.Module):
         self.net = net
         self.stage_paths = stage_paths
         self.head_path = head_path
+        self.weights_report: dict[str, list[str]] | None = None  # set when loaded from model.weights_file
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.adapter(x))
@@ -157,9 +206,18 @@ def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 
+def pretrained_weights_path(tv_name: str) -> Path:
+    """Where torchvision's weights API looks for (and downloads) `tv_name`'s default weights."""
+    import torchvision
+
+    url = torchvision.models.get_model_weights(tv_name).DEFAULT.url
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+
+
 def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int) -> nn.Module:
     import torchvision
 
+    assert entry.tv_name is not None
     weights = None
     if spec.pretrained:
         # The weights API reads $TORCH_HOME/hub/checkpoints/<file> before downloading,
@@ -170,78 +228,112 @@ def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int) -> nn
     except Exception as e:  # noqa: BLE001 - turned into an actionable message
         if weights is None:
             raise
-        fname = Path(weights.url).name
+        where = pretrained_weights_path(entry.tv_name)
         raise RuntimeError(
-            f"could not load pretrained weights for {entry.tv_name} ({e.__class__.__name__}: {e}). "
-            f"Offline, place the file {fname} in $TORCH_HOME/hub/checkpoints/ "
-            f"(TORCH_HOME defaults to ~/.cache/torch), or set model.pretrained=false."
+            f"could not load pretrained weights for {entry.tv_name}: {where.name} is not in {where.parent} "
+            f"and could not be downloaded ({e.__class__.__name__}: {e}). Offline, place the file {where.name} "
+            f"in $TORCH_HOME/hub/checkpoints/ (here: {where.parent}; TORCH_HOME defaults to ~/.cache/torch), "
+            "or set model.pretrained=false."
         ) from e
     old = net.get_submodule(entry.head_path)
     _replace(net, entry.head_path, nn.Linear(old.in_features, num_classes))  # S-M4: head sized to the task
-    if spec.dropout > 0 and entry.family == "resnet":
-        _replace(net, "fc", nn.Sequential(nn.Dropout(spec.dropout), net.fc))
-        return net
     return net
 
 
+def _add_head_dropout(net: nn.Module, head_path: str, p: float) -> str:
+    """Dropout right before the head; reuses the model's own dropout layer when it has one there
+    (mobilenet, efficientnet). Returns the head's (possibly new) path."""
+    parent_path, _, attr = head_path.rpartition(".")
+    parent = net.get_submodule(parent_path) if parent_path else net
+    if isinstance(parent, nn.Sequential) and attr.isdigit() and int(attr) > 0:
+        before = parent[int(attr) - 1]
+        if isinstance(before, nn.Dropout):
+            before.p = p
+            return head_path
+    _replace(net, head_path, nn.Sequential(nn.Dropout(p), net.get_submodule(head_path)))
+    return f"{head_path}.1"
+
+
+def _small_net(spec: ModelSpec, num_classes: int, in_channels: int, size: int) -> nn.Module:
+    if spec.pretrained:
+        raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
+    if spec.name == "mlp":
+        return MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout)
+    widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)  # S-M2: the seeds' two variants
+    return SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
+
+
 def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int) -> Classifier:
-    """Create a registered model for `num_classes` classes on `in_channels`×`image_size`² inputs."""
+    """Create a registered model for `num_classes` classes on `in_channels`×`image_size`² inputs.
+    With `spec.weights_file`, the load report (missing / unexpected / shape_mismatch keys) is kept
+    in `model.weights_report`."""
     entry = MODELS[spec.name]
+    head_path = entry.head_path
     if entry.family == "small":
         adapter: nn.Module = InputAdapter(in_channels, in_channels, image_size, entry.min_size)
-        size = max(image_size, entry.min_size)
-        if spec.name == "mlp":
-            net: nn.Module = MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout)
-        else:
-            widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)
-            net = SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
-        if spec.pretrained:
-            raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
+        net = _small_net(spec, num_classes, in_channels, max(image_size, entry.min_size))
     else:
         adapter = InputAdapter(in_channels, 3, image_size, entry.min_size)
         net = _torchvision_net(entry, spec, num_classes)
-    head_path = entry.head_path
-    if spec.dropout > 0 and entry.family == "resnet":
-        head_path = "fc.1"
+        if spec.dropout > 0:
+            head_path = _add_head_dropout(net, head_path, spec.dropout)
     model = Classifier(spec.name, adapter, net, entry.stage_names(net), head_path)
     if spec.weights_file:
-        load_weights_file(model, spec.weights_file)
+        model.weights_report = load_weights_file(model, spec.weights_file)
     if spec.gradient_checkpointing:
         for p in model.stage_paths:
-            if p != "stem":
+            if p != "stem":  # stage names and state_dict keys stay the same (see _Checkpointed)
                 _replace(model.net, p, _Checkpointed(model.net.get_submodule(p)))
-        model.stage_paths = [p if p == "stem" else f"{p}.inner" for p in model.stage_paths]
     return model
 
 
-def load_weights_file(model: Classifier, path: str) -> dict[str, list[str]]:
-    """Load a user state_dict without executing pickle code; report key mismatches clearly."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"model.weights_file not found: {p}")
+def _read_state(p: Path) -> dict[str, torch.Tensor]:
+    """A flat {name: tensor} from a .safetensors or a weights-only torch file (no pickle code runs)."""
     if p.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        state = load_file(str(p))
-    else:
         try:
-            state = torch.load(p, map_location="cpu", weights_only=True)
+            return load_file(str(p))
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"{p} is not a weights-only torch file (pickled objects are refused): {e}") from e
-        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-            state = state["model"]  # a torchdeck checkpoint
-    own = model.state_dict()
-    # Accept both Classifier keys ("net.layer1...") and bare torchvision keys ("layer1...").
+            raise ValueError(f"{p} is not a readable .safetensors file: {e}") from e
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{p} is not a weights-only torch file (pickled objects are refused): {e}") from e
+    for key in ("model", "state_dict"):  # a torchdeck / Lightning-style checkpoint
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}")
+    return state
+
+
+def _align_keys(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accept Classifier keys ("net.layer1…"), bare torchvision keys ("layer1…") and DDP's "module."."""
+    if all(k.startswith("module.") for k in state):
+        state = {k[len("module.") :]: v for k, v in state.items()}
     if not any(k in own for k in state) and any(f"net.{k}" in own for k in state):
         state = {f"net.{k}": v for k, v in state.items()}
+    return state
+
+
+def load_weights_file(model: Classifier, path: str) -> dict[str, list[str]]:
+    """Load a user state_dict without executing pickle code; report key mismatches clearly.
+    A file whose tensors mostly do not fit is refused: it was saved from another architecture."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"model.weights_file not found: {p}")
+    own = model.state_dict()
+    state = _align_keys(_read_state(p), own)
     shape_bad = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     usable = {k: v for k, v in state.items() if k in own and k not in shape_bad}
     missing = [k for k in own if k not in usable]
     unexpected = [k for k in state if k not in own]
-    if not usable:
+    if 2 * len(usable) < len(state):
         raise ValueError(
-            f"{p}: no parameter matches the model {model.arch} "
-            f"(unexpected keys: {unexpected[:5]}…; the file was saved from a different architecture)"
+            f"{p} does not fit the model {model.arch}: only {len(usable)} of its {len(state)} tensors match "
+            f"({len(unexpected)} unexpected keys, e.g. {unexpected[:3]}; {len(shape_bad)} with another shape, "
+            f"e.g. {shape_bad[:3]}). The file was saved from a different architecture."
         )
     model.load_state_dict(usable, strict=False)
     return {"missing": missing, "unexpected": unexpected, "shape_mismatch": shape_bad}

@@ -13,6 +13,7 @@ import os
 import random
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
 from core.config import RunSpec
 from core.data import DataInfo, Preprocess, load_data, make_batches
 from core.diagnosis import ADVICE, Diagnoser
-from core.engine import Diverged, Trainer, fit
+from core.engine import Diverged, Trainer, fit, prepare
 from core.events import Control, NeverStop, Sink
 from core.models import build_model, count_parameters
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
@@ -65,6 +66,11 @@ def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device
     if info.skipped:
         sink.event("data", "warning", f"{info.skipped} unreadable image(s) skipped", {"code": "skipped_images", "files": info.skipped_files})
     model = build_model(spec.model, info.num_classes, info.channels, info.image_size).to(device)
+    report = getattr(model, "weights_report", None)
+    if report:
+        sink.event("lifecycle", "warning" if any(report.values()) else "info",
+                   f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
+                   f"{len(report['shape_mismatch'])} shape-mismatched keys", {"code": "weights_file", **report})
     apply_transfer(model, spec.model, 1)
     total, trainable = count_parameters(model)
     sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
@@ -91,6 +97,7 @@ def _resume(t: Trainer, path: Path, sink: Sink) -> int:
     t.early.load_state_dict(ck["early_stopping"])
     t.global_step, t.epoch, t.history = ck["global_step"], ck["epoch"], list(ck["history"])
     t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
+    t.ref_loss = ck["ref_loss"]
     set_rng_state(ck["rng"])
     sink.event("lifecycle", "info", f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
                {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]})
@@ -155,12 +162,14 @@ def _diagnose_divergence(t: Trainer, e: Diverged) -> None:
 def _find_nan_source(t: Trainer) -> str | None:
     """S-X6: replay one batch under anomaly detection (slow, so only after divergence)."""
     x, y = next(iter(t.train_batches))
-    x = t.pre_val(x)
+    x = prepare(t.pre_val, x)
     try:
-        with torch.autograd.detect_anomaly(check_nan=True):
-            t.model.train()
-            loss = torch.nn.functional.cross_entropy(t.model(x).float(), y)
-            loss.backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "anomaly detection enabled": we know, it is brief
+            with torch.autograd.detect_anomaly(check_nan=True):
+                t.model.train()
+                loss = torch.nn.functional.cross_entropy(t.model(x).float(), y)
+                loss.backward()
     except RuntimeError as err:
         msg = str(err).splitlines()[0]
         return msg[:300]
