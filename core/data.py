@@ -219,7 +219,7 @@ class Preprocess:
         x = x.float().div_(255.0)
         if self.augment is not None and gen is not None:
             x = augment_batch(x, self.augment, gen)
-        return (x - self.mean) / self.std
+        return x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy
 
 
 def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator) -> torch.Tensor:
