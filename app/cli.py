@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from app.cli_runs import register as register_run_commands
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers.")
 
 
@@ -107,6 +109,7 @@ def export_cmd(
 
 
 _mount_optional()
+register_run_commands(app)
 
 
 def main() -> None:

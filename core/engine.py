@@ -268,6 +268,11 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     t.epoch = epoch
     ck = t.spec.checkpoint
     payload = _checkpoint_payload(t, epoch) if (ck.save_last or (ck.save_best and best)) else None
+    # Metrics up to this step must be stored before the checkpoint that a resumed run starts from,
+    # or a crash right after it would leave a gap no resume can fill. Sinks that buffer say so with flush().
+    flush = getattr(t.sink, "flush", None)
+    if payload is not None and flush is not None:
+        flush()
     if ck.save_best and best:
         save_checkpoint(t.out_dir / "checkpoints" / "best.pt", payload)
     if ck.save_last:

@@ -17,6 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class Sink(Protocol):
+    """What core reports through. A sink that buffers may also define `flush()`: core calls it
+    before writing each checkpoint, so a resumed run never leaves a gap in stored metrics."""
+
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None: ...
     def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None: ...
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None: ...
@@ -99,6 +102,12 @@ class MultiSink:
 
     def __init__(self, *sinks: Sink) -> None:
         self.sinks = sinks
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            f = getattr(s, "flush", None)
+            if f is not None:
+                f()
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
         for s in self.sinks:

@@ -1,0 +1,205 @@
+"""CLI commands over the queue and the database: submit, status, watch, cancel, runs, worker, up."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+
+
+def _engine():
+    from app.services import get_engine
+    from db.migrate import check_schema
+    from db.repo import SchemaOutOfDate
+
+    try:
+        check_schema()
+    except SchemaOutOfDate as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(3) from None
+    return get_engine()
+
+
+def _get(run_id: str):
+    from db.repo import RunNotFound, get_run
+
+    try:
+        return get_run(_engine(), run_id)
+    except RunNotFound:
+        typer.secho(f"no run {run_id!r}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _best(run) -> str:
+    best = (run.summary or {}).get("best") or {}
+    return f"{best['metric']}={best['value']:.4f} (epoch {best['epoch']})" if best.get("metric") else "-"
+
+
+def submit(
+    spec: Annotated[Path, typer.Argument(help="A run spec in YAML.")],
+    name: Annotated[str | None, typer.Option("--name", help="Run name (default: the spec's name).")] = None,
+    overrides: Annotated[list[str], typer.Option("--set", help="Override a field (repeatable).")] = [],  # noqa: B006
+    tags: Annotated[list[str], typer.Option("--tag", help="Tag the run (repeatable).")] = [],  # noqa: B006
+) -> None:
+    """Validate, store and enqueue a run; prints the run id as the last line."""
+    from app.cli import _load
+    from app.services import submit as do_submit
+
+    run_spec = _load(spec, overrides)
+    try:
+        run = do_submit(run_spec, name=name, tags=tags, engine=_engine())
+    except RuntimeError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"queued on '{run_spec.resource}': {run.name or '(unnamed)'}")
+    typer.echo(run.id)
+
+
+def status(run_id: str, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Status, progress and best metric of a run."""
+    run = _get(run_id)
+    if as_json:
+        typer.echo(json.dumps({"id": run.id, "name": run.name, "status": run.status, "progress": run.progress,
+                               "attempt": run.attempt, "worker": run.worker_id, "summary": run.summary, "error": run.error},
+                              default=str))
+        return
+    typer.echo(f"{run.id}  {run.status}  progress {100 * (run.progress or 0):.0f}%  best {_best(run)}  worker {run.worker_id or '-'}")
+    if run.error:
+        typer.secho(f"error: {run.error}", fg="red")
+
+
+def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0) -> None:
+    """A live progress bar until the run ends; exits non-zero unless it completed or stopped early."""
+    from db.repo import get_run
+
+    engine = _engine()
+    run = _get(run_id)
+    with Progress(TextColumn(f"[bold]{run.name or run.id}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("run", total=1.0, status=run.status)
+        while run.status not in FINAL:
+            bar.update(task, completed=run.progress or 0.0, status=run.status)
+            time.sleep(interval)
+            run = get_run(engine, run_id)
+        bar.update(task, completed=run.progress or 0.0, status=run.status)
+    typer.echo(f"{run.status}  best {_best(run)}" + (f"  error: {run.error}" if run.error else ""))
+    if run.status not in ("completed", "early_stopped"):
+        raise typer.Exit(1)
+
+
+def cancel(run_id: str) -> None:
+    """Cancel a run: a queued one never starts; a running one stops between steps, checkpoint kept."""
+    from app.services import cancel as do_cancel
+
+    _get(run_id)
+    run = do_cancel(run_id, engine=_engine())
+    typer.echo(f"{run.id}: {'cancelled' if run.status == 'cancelled' else 'cancel requested (' + run.status + ')'}")
+
+
+def runs(
+    status_filter: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+) -> None:
+    """A table of runs."""
+    from db.repo import list_runs
+
+    page = list_runs(_engine(), status=status_filter, limit=limit)
+    table = Table("name", "status", "progress", "best", "worker", "created")
+    table.add_column("id", no_wrap=True, min_width=12)  # copied into other commands: never truncated
+    for r in page.runs:
+        table.add_row(r.name or "", r.status, f"{100 * (r.progress or 0):.0f}%", _best(r), r.worker_id or "",
+                      r.created_at.strftime("%Y-%m-%d %H:%M"), r.id)
+    Console().print(table)
+    typer.echo(f"{page.total} run(s)")
+
+
+def worker(
+    gpus: Annotated[str | None, typer.Option(help="GPU indices, e.g. 0,1: one worker process per GPU.")] = None,
+    queues: Annotated[str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")] = None,
+) -> None:
+    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one CPU worker."""
+    from app.launcher import ProcessGroup, gpu_count, worker_commands
+
+    _engine()  # refuses an out-of-date schema before anything starts
+    gpu_list = [int(g) for g in gpus.split(",")] if gpus else list(range(gpu_count()))
+    qs = [q.strip() for q in queues.split(",")] if queues else None
+    group = ProcessGroup()
+    for cmd, env in worker_commands(gpu_list, qs):
+        typer.echo(f"starting {' '.join(cmd[cmd.index('-n') + 1:cmd.index('-n') + 2])} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})")
+        group.start("worker", cmd, env)
+    _wait(group)
+
+
+def _wait(group) -> None:
+    try:
+        while not group.dead():
+            time.sleep(0.5)
+        typer.secho(f"stopped: {group.dead()}", fg="red", err=True)
+        group.stop()
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        typer.echo("\nstopping…")
+        group.stop()
+
+
+def up(
+    port: Annotated[int, typer.Option(help="UI port.")] = 8501,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="Start the broker and the worker only.")] = False,
+) -> None:
+    """Embedded mode: a private Redis, one local worker and the UI, with SQLite under TORCHDECK_HOME."""
+    from app.launcher import ROOT, ProcessGroup, start_private_redis, worker_commands
+    from app.services import spec_of
+    from db.engine import data_home
+    from db.migrate import upgrade
+    from db.repo import list_runs
+
+    home = data_home().resolve()
+    (home / "logs").mkdir(exist_ok=True)
+    os.environ.setdefault("TORCHDECK_HOME", str(home))
+    rev = upgrade()
+    group = ProcessGroup()
+    try:
+        if not os.environ.get("TORCHDECK_BROKER_URL"):
+            os.environ["TORCHDECK_BROKER_URL"] = start_private_redis(home, group)
+        for cmd, env in worker_commands(None, ["gpu", "cpu"]):
+            env.pop("CUDA_VISIBLE_DEVICES")  # the local worker sees every GPU the machine has
+            group.start("worker", cmd, env, log=home / "logs" / "worker.log")
+        _requeue_queued(list_runs, spec_of)
+        ui = ROOT / "app" / "main.py"
+        if not no_ui and ui.is_file():
+            group.start("ui", [sys.executable, "-m", "streamlit", "run", str(ui), "--server.address", "127.0.0.1",
+                               "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                        log=home / "logs" / "ui.log")
+            typer.echo(f"torchdeck is up: http://127.0.0.1:{port}")
+        else:
+            typer.echo("torchdeck worker is up (no UI); submit runs with `torchdeck submit SPEC.yaml`")
+        typer.echo(f"data: {home}  (schema {rev}); logs: {home / 'logs'}; Ctrl-C stops everything")
+    except Exception:
+        group.stop()
+        raise
+    _wait(group)
+
+
+def _requeue_queued(list_runs, spec_of) -> None:
+    """The private broker starts empty: queued runs (the database is the truth) are enqueued again.
+    A run delivered twice still runs once (atomic claim)."""
+    from app.services import enqueue, get_engine
+
+    page = list_runs(get_engine(), status=["queued", "lost"], limit=1000)
+    for r in page.runs:
+        enqueue(r.id, spec_of(r))
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (submit, status, watch, cancel, runs, worker, up):
+        app.command(fn.__name__)(fn)

