@@ -127,7 +127,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     sink = DbSink(engine, run_id, worker_id, settings)
     monitor = SystemMonitor(sink, settings.sys_metrics_s).start()
     try:
-        run = get_run(engine, run_id)
+        run = retrying(lambda: get_run(engine, run_id), "read the run")
         spec = RunSpec.model_validate(run.spec)
         out = settings.run_dir(run_id)
         resume = (out / "checkpoints" / "last.pt").is_file()
@@ -142,4 +142,20 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     if not sink._owned:
         log.warning("another worker owns run %s now; leaving its status alone", run_id)
         return
-    finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id)
+    retrying(lambda: finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id), "record the end of the run")
+
+
+def retrying(fn, what: str, total_s: float = 120.0):
+    """Call fn until it succeeds: a database that is briefly away (restart, failover) must not fail a run."""
+    from sqlalchemy.exc import OperationalError
+
+    delay, deadline = 0.5, time.monotonic() + total_s
+    while True:
+        try:
+            return fn()
+        except OperationalError as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("could not %s (%s); retrying in %.1fs", what, e.__class__.__name__, delay)
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)

@@ -113,7 +113,10 @@ class DbSink:
     def _loop(self) -> None:
         backoff = 0.0
         while True:
-            self._wake.wait(backoff or self.s.flush_s)
+            if backoff:
+                time.sleep(backoff)  # honour the backoff even while points keep arriving
+            else:
+                self._wake.wait(self.s.flush_s)
             self._wake.clear()
             try:
                 self._drain()

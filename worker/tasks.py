@@ -21,6 +21,7 @@ from db.repo import (
     claim_run,
     finish_run,
     get_run,
+    heartbeat,
     mark_lost,
     upsert_worker,
 )
@@ -92,11 +93,12 @@ def supervise(run_id: str, worker_id: str, settings: WorkerSettings | None = Non
         if now >= next_check:
             next_check = now + s.heartbeat_s
             try:
-                r = get_run(engine(), run_id)
-                if cancel_at is None and (r.cancel_requested or r.worker_id != worker_id):
-                    cancel_at = now  # the child sees it through its heartbeat and stops between steps
+                # The worker heartbeats too: a child still importing torch on a busy machine is not lost.
+                reply = heartbeat(engine(), run_id, worker_id=worker_id)
+                if cancel_at is None and reply.should_stop:
+                    cancel_at = now  # the child sees it through its own heartbeat and stops between steps
             except Exception as e:  # noqa: BLE001 - the database may be briefly away; the child keeps going
-                log.warning("could not read run %s: %s", run_id, e)
+                log.warning("could not heartbeat run %s: %s", run_id, e)
         if cancel_at is not None and not termed and now - cancel_at > s.cancel_grace_s:
             proc.terminate()
             termed = True

@@ -1,0 +1,166 @@
+"""A real execution stack per test: a real Redis server, real Celery worker processes, and a
+database on SQLite (a file) and on Postgres (a throwaway cluster) — every stack test runs on both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from db.engine import make_engine
+from db.migrate import upgrade
+from db.repo import get_run
+from tests._servers import PostgresServer, PostgresUnavailable, free_port, start_postgres
+
+ROOT = Path(__file__).resolve().parents[2]
+FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+
+# Small, quick, deterministic runs: ~100 optimizer steps per epoch on 8×8 images.
+RUN = {
+    "name": "worker-test",
+    "data": {"name": "synthetic", "num_classes": 3, "num_samples": 4000, "size": 8, "channels": 1},
+    "model": {"name": "simple_cnn", "hidden": 16},
+    "train": {"epochs": 3, "batch_size": 32, "log_every": 1, "diag_every": 25, "early_stopping": {"enabled": False}},
+    "export": {"formats": []},
+    "device": "cpu",
+    "seed": 0,
+}
+
+
+@dataclass
+class RedisServer:
+    port: int
+    root: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (make test installs it: apt-get install redis-server)", pytrace=False)
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                      "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        for _ in range(100):
+            try:
+                redis.Redis(port=self.port).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="torchdeck-redis-")))
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    try:
+        server = start_postgres()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"cannot start the test Postgres server: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    url: str
+    home: Path
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def engine(self):
+        return make_engine(self.url)
+
+    def start_worker(self, name: str, **extra_env: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", "gpu,cpu",
+               "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the worker's life
+        p = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers[name] = p
+        return p
+
+    def kill_worker(self, name: str) -> None:
+        """kill -9 of the worker and of the run's child (one process group)."""
+        p = self.workers.pop(name)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+    def stop_all(self) -> None:
+        for p in self.workers.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.workers.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        self.workers.clear()
+
+    def submit(self, *overrides: str, name: str | None = None) -> str:
+        from app.services import submit
+        from core.config import RunSpec
+
+        return submit(RunSpec.from_dict(RUN, list(overrides)), name=name, engine=self.engine).id
+
+    def wait(self, run_id: str, timeout: float = 180, until: tuple[str, ...] = FINAL):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = get_run(self.engine, run_id)
+            if run.status in until:
+                return run
+            time.sleep(0.3)
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
+        raise AssertionError(f"run {run_id} still {get_run(self.engine, run_id).status} after {timeout}s\n{logs}")
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.home / "artifacts" / "runs" / run_id
+
+
+@pytest.fixture(params=("sqlite", "postgres"))
+def stack(request, tmp_path, redis_server, postgres, monkeypatch) -> Iterator[Stack]:
+    home = tmp_path / "home"
+    home.mkdir()
+    if request.param == "sqlite":
+        url = f"sqlite:///{home / 'torchdeck.db'}"
+    else:
+        url = postgres.create_database(f"w_{uuid.uuid4().hex[:10]}")
+    upgrade(url)
+    import redis
+
+    db_index = 1 + (abs(hash(request.node.nodeid)) % 14)
+    redis.Redis(port=redis_server.port, db=db_index).flushdb()
+    env = {**os.environ, "TORCHDECK_HOME": str(home), "TORCHDECK_DATABASE_URL": url,
+           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "6", "TORCHDECK_REAP_EVERY_S": "1",
+           "TORCHDECK_HEARTBEAT_S": "1", "TORCHDECK_CANCEL_GRACE_S": "5", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    for k in ("TORCHDECK_HOME", "TORCHDECK_DATABASE_URL", "TORCHDECK_BROKER_URL"):
+        monkeypatch.setenv(k, env[k])
+    s = Stack(env=env, url=url, home=home)
+    yield s
+    s.stop_all()
