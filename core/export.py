@@ -1,0 +1,419 @@
+"""Verified model exports: TorchScript, ONNX and torch.export, each checked against the eager model (S-E1…S-E5).
+
+`export_model` writes `model.ts`, `model.onnx`, `model.pt2`, `export.json` and `bundle.zip`. Every
+file is reloaded from disk and run on a real validation batch (and on batch sizes 1 and 7, which
+catch a batch dimension baked in as a constant); the logits are compared with the eager model's.
+A format that fails to export or to match is reported with the exporter's message and left out of
+the bundle, so nothing unverified is shipped; the other formats are still produced.
+
+onnx, onnxruntime and onnxscript are imported inside the functions that need them: the rest of
+`core` (and every process that never exports) starts without them.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import time
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
+FILES: dict[str, str] = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}
+CHECK_BATCHES = (1, 7)  # besides the full batch: batch 1 and an odd size expose a specialised batch dim
+LATENCY_BATCHES = (1, 32)
+LATENCY_REPEATS = 20  # median of this many timed calls, after LATENCY_WARMUP untimed ones
+LATENCY_WARMUP = 3
+LATENCY_BUDGET_S = 1.0  # a slow model stops earlier (≥3 timed calls): the median stays quick on CPU
+META_KEYS = ("class_names", "channels", "image_size", "mean", "std")  # what predict.py cannot work without
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+
+Runner = Callable[[torch.Tensor], torch.Tensor]  # float batch → logits, whatever runtime is behind it
+
+
+class ExportError(RuntimeError):
+    """A format that could not be produced or verified; the message is what the user sees."""
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+_NOISE = ("TORCH_LOGS", "TORCHDYNAMO_", "docs.google.com", "draft_export", "data-dependent friendly APIs")
+
+
+def _message(e: BaseException, limit: int = 1500) -> str:
+    """The useful part of an exporter's exception: no ANSI colours, the summary the dynamo exporter puts
+    under '## Exception summary' rather than its generic 'next steps', no debug-flag boilerplate."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    if "## Exception summary" in text:
+        text = text.split("## Exception summary", 1)[1].split("(Refer to the full stack trace", 1)[0].strip()
+    lines = [ln.rstrip() for ln in text.splitlines() if not any(n in ln for n in _NOISE)]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
+@contextmanager
+def _recorded() -> Iterator[list[warnings.WarningMessage]]:
+    """Record every warning: TracerWarnings decide trace vs script, the rest become the format's notes
+    (torch 2.14 deprecates TorchScript; the report says so rather than hiding it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # also the ones Python would show once per location only
+        yield caught
+
+
+def _notes(caught: list[warnings.WarningMessage]) -> list[str]:
+    seen = dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught)
+    return list(seen)[:10]
+
+
+def _batch_of(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Exactly n real samples, cycling through the batch when it is smaller than n."""
+    idx = torch.arange(n) % x.shape[0]
+    return x[idx].contiguous()
+
+
+def _finite(v: float) -> float | None:
+    return round(v, 8) if v == v and abs(v) != float("inf") else None  # JSON has no NaN/inf
+
+
+def _versions(extra: dict[str, str] | None) -> dict[str, str]:
+    """The caller's versions (training time) updated with the ones that wrote these files."""
+    out = {**(extra or {}), "python": platform.python_version()}
+    for pkg in ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "numpy"):
+        try:
+            out[pkg] = importlib_metadata.version(pkg)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _embedded(report: dict[str, Any]) -> dict[str, str]:
+    """Flat string metadata for ONNX metadata_props and the TorchScript / pt2 extra files: enough to
+    preprocess an image and name the class without export.json (S-E4)."""
+    inp = report["input"]
+    as_json = {"class_names": report["class_names"], "input_shape": inp["shape"], "mean": inp["mean"],
+               "std": inp["std"], "versions": report["versions"]}
+    as_text = {"channels": inp["channels"], "image_size": inp["image_size"], "preprocess": inp["preprocess"],
+               "spec_hash": report["spec_hash"] or "", "arch": report["arch"] or ""}
+    return {**{k: json.dumps(v) for k, v in as_json.items()}, **{k: str(v) for k, v in as_text.items()}}
+
+
+# --- verification --------------------------------------------------------------------------------
+
+
+def _parity(run: Runner, inputs: torch.Tensor, refs: dict[int, torch.Tensor], atol: float) -> dict[str, Any]:
+    """Logit differences against the eager model on the full batch and on the check batch sizes."""
+    outs: dict[int, torch.Tensor] = {}
+    for n, ref in refs.items():
+        outs[n] = run(_batch_of(inputs, n)).float()
+        if outs[n].shape != ref.shape:
+            raise ExportError(f"output shape {tuple(outs[n].shape)} at batch {n}, eager gives {tuple(ref.shape)}")
+    per_batch = {str(n): _finite((outs[n] - ref).abs().max().item()) for n, ref in refs.items()}
+    n = inputs.shape[0]
+    diff = (outs[n] - refs[n]).abs()
+    return {
+        "max_abs_diff": _finite(diff.max().item()),
+        "mean_abs_diff": _finite(diff.mean().item()),
+        "top1_agreement": round((outs[n].argmax(1) == refs[n].argmax(1)).float().mean().item() * 100, 3),
+        "passed": all(d is not None and d <= atol for d in per_batch.values()),
+        "atol": atol,
+        "max_abs_diff_by_batch": per_batch,
+    }
+
+
+def _latency(run: Runner, inputs: torch.Tensor) -> dict[str, float]:
+    """Median wall time (ms) per call at each latency batch size."""
+    out = {}
+    for n in LATENCY_BATCHES:
+        x = _batch_of(inputs, n)
+        for _ in range(LATENCY_WARMUP):
+            run(x)
+        times: list[float] = []
+        deadline = time.perf_counter() + LATENCY_BUDGET_S
+        while len(times) < LATENCY_REPEATS and (len(times) < min(3, LATENCY_REPEATS) or time.perf_counter() < deadline):
+            t0 = time.perf_counter()
+            run(x)
+            times.append(time.perf_counter() - t0)
+        out[f"b{n}"] = round(statistics.median(times) * 1000, 4)
+    return out
+
+
+# --- TorchScript ---------------------------------------------------------------------------------------
+
+
+def _trace_problems(traced: torch.jit.ScriptModule, inputs: torch.Tensor, refs: dict[int, torch.Tensor], atol: float,
+                    caught: list[warnings.WarningMessage]) -> list[str]:
+    """Why a trace cannot be trusted: TracerWarnings, or outputs that differ from eager at any batch size
+    (a trace records only the path the example took, S-E2)."""
+    problems = [f"TracerWarning: {str(w.message).splitlines()[0]}" for w in caught
+                if issubclass(w.category, torch.jit.TracerWarning)]
+    for n, ref in refs.items():
+        try:
+            diff = (traced(_batch_of(inputs, n)) - ref).abs().max().item()
+        except Exception as e:  # noqa: BLE001 - a trace that cannot run another batch size is a divergence
+            problems.append(f"trace fails at batch {n}: {_message(e, 300)}")
+            continue
+        if not diff <= atol:
+            problems.append(f"trace differs from eager by {diff:.3g} at batch {n}")
+    return list(dict.fromkeys(problems))
+
+
+def _export_torchscript(model: nn.Module, inputs: torch.Tensor, path: Path, refs: dict[int, torch.Tensor],
+                        atol: float, extra: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
+    """Trace with the real batch; script when the trace cannot be trusted. The checks run on the saved
+    and reloaded file, which is what users get."""
+    def save_and_load(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+        torch.jit.save(module, str(path), _extra_files={"torchdeck.json": json.dumps(extra)})
+        return torch.jit.load(str(path), map_location="cpu")
+
+    with _recorded() as caught:
+        try:
+            loaded = save_and_load(torch.jit.trace(model, inputs, check_trace=False))  # our check covers more
+            problems = _trace_problems(loaded, inputs, refs, atol, caught)
+        except Exception as e:  # noqa: BLE001 - any trace failure means: try scripting
+            problems = [f"torch.jit.trace failed: {_message(e, 500)}"]
+        info = {"method": "trace", "reason": f"matches eager at batch sizes {list(refs)}, no TracerWarning"}
+        if problems:
+            info = {"method": "script", "reason": "; ".join(problems)}
+            try:
+                loaded = save_and_load(torch.jit.script(model))
+            except Exception as e:  # noqa: BLE001
+                raise ExportError(f"trace unusable ({info['reason']}) and torch.jit.script failed: {_message(e)}") from e
+    info["notes"] = _notes(caught)  # torch 2.14 deprecates TorchScript: say so, do not hide it
+    return loaded, info
+
+
+# --- torch.export: one capture shared by model.pt2 and the ONNX exporter -----------------------------
+
+
+class _SharedProgram:
+    """torch.export runs once per export: model.pt2 is this program and the ONNX exporter converts it."""
+
+    def __init__(self, model: nn.Module, inputs: torch.Tensor):
+        self.model = model
+        self.example = inputs if inputs.shape[0] >= 2 else _batch_of(inputs, 2)  # batch 1 would be specialised
+        self.dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},)
+        self._result: torch.export.ExportedProgram | ExportError | None = None
+
+    def get(self) -> torch.export.ExportedProgram:
+        if self._result is None:
+            try:
+                self._result = torch.export.export(self.model, (self.example,), dynamic_shapes=self.dynamic_shapes)
+                self._result.example_inputs = None  # else model.pt2 would ship the validation batch it was given
+            except Exception as e:  # noqa: BLE001 - kept, and raised to every format that needs the program
+                self._result = ExportError(f"torch.export.export: {_message(e)}")
+        if isinstance(self._result, ExportError):
+            raise self._result
+        return self._result
+
+
+# --- ONNX ------------------------------------------------------------------------------------------------
+
+
+def _onnx_dynamo(model: nn.Module, program: _SharedProgram, path: Path, opset: int | None) -> None:
+    """Convert the shared ExportedProgram; when torch.export failed on the model, let the ONNX exporter
+    try its own capture strategies before the legacy fallback."""
+    kwargs = dict(dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset,
+                  external_data=False, verbose=False)
+    try:
+        source: Any = program.get()
+        torch.onnx.export(source, (program.example,), str(path), **kwargs)
+    except ExportError:  # only program.get() raises it here
+        torch.onnx.export(model, (program.example,), str(path), dynamic_shapes=program.dynamic_shapes, **kwargs)
+
+
+def _onnx_legacy(model: nn.Module, example: torch.Tensor, path: Path, opset: int | None,
+                 caught: list[warnings.WarningMessage]) -> None:
+    """The TorchScript-based exporter: a trace, so TracerWarnings mean a graph that is wrong elsewhere."""
+    start = len(caught)
+    torch.onnx.export(model, (example,), str(path), dynamo=False, input_names=[INPUT_NAME],
+                      output_names=[OUTPUT_NAME], opset_version=opset,
+                      dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    tracer = [str(w.message).splitlines()[0] for w in caught[start:] if issubclass(w.category, torch.jit.TracerWarning)]
+    if tracer:
+        path.unlink(missing_ok=True)
+        raise ExportError(f"the traced graph would hold only the branch this batch took (TracerWarning: {tracer[0]})")
+
+
+def _export_onnx(model: nn.Module, program: _SharedProgram, path: Path, opset: int | None,
+                 props: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
+    """torch.export-based exporter with a dynamic batch, legacy exporter as fallback; full checker; metadata."""
+    import onnx
+    import onnxruntime as ort
+
+    info: dict[str, Any] = {"exporter": "dynamo", "fallback_reason": None}
+    with _recorded() as caught:
+        try:
+            _onnx_dynamo(model, program, path, opset)
+        except Exception as e:  # noqa: BLE001 - recorded as the reason for the fallback
+            info.update(exporter="legacy", fallback_reason=_message(e))
+            try:
+                _onnx_legacy(model, program.example, path, opset, caught)
+            except Exception as e2:  # noqa: BLE001
+                raise ExportError(f"dynamo exporter: {info['fallback_reason']} | legacy exporter: {_message(e2)}") from e2
+    proto = onnx.load(str(path))
+    onnx.helper.set_model_props(proto, props)
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"onnx.checker.check_model(full_check=True): {_message(e)}") from e
+    onnx.save(proto, str(path))
+    info["opset"] = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    info["checker"] = "passed (full_check=True)"
+    info["notes"] = _notes(caught)
+    if opset is not None and info["opset"] != opset:  # the dynamo exporter keeps 18 when it cannot convert down
+        info["notes"].append(f"opset {opset} was requested; the exporter could not convert to it and wrote {info['opset']}")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # as many threads as eager: latencies compare like with like
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+    return run, info
+
+
+def _export_pt2(program: _SharedProgram, path: Path, extra: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
+    with _recorded() as caught:
+        torch.export.save(program.get(), str(path), extra_files={"torchdeck.json": json.dumps(extra)})
+        loaded = torch.export.load(str(path)).module()  # verify what was written, not what is in memory
+    return loaded, {"notes": _notes(caught)}
+
+
+# --- the whole export ---------------------------------------------------------------------------------------
+
+
+def _export_one(fmt: str, model: nn.Module, inputs: torch.Tensor, path: Path, refs: dict[int, torch.Tensor],
+                atol: float, opset: int | None, props: dict[str, str], program: _SharedProgram) -> dict[str, Any]:
+    """Export one format, reload it from disk, verify it; never raises for an exporter's failure."""
+    t0 = time.perf_counter()
+    try:
+        if fmt == "torchscript":
+            run, entry = _export_torchscript(model, inputs, path, refs, atol, props)
+        elif fmt == "onnx":
+            run, entry = _export_onnx(model, program, path, opset, props)
+        else:
+            run, entry = _export_pt2(program, path, props)
+        entry["parity"] = _parity(run, inputs, refs, atol)
+    except Exception as e:  # noqa: BLE001 - one format's failure must not stop the others
+        path.unlink(missing_ok=True)
+        return {"ok": False, "error": e.args[0] if isinstance(e, ExportError) else _message(e)}
+    entry["export_seconds"] = round(time.perf_counter() - t0, 3)
+    if not entry["parity"]["passed"]:
+        path.unlink(missing_ok=True)  # an export that computes something else must not be downloadable
+        worst = entry["parity"]["max_abs_diff_by_batch"]
+        return {"ok": False, "error": f"parity failed: max |Δlogit| by batch size {worst} exceeds atol {atol}", **entry}
+    entry.update(ok=True, file=path.name, size_bytes=path.stat().st_size, latency_ms=_latency(run, inputs))
+    return entry
+
+
+def _check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -> None:
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"meta lacks {missing}: the bundle needs them to preprocess images")
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown export formats {unknown}; known formats: {', '.join(FORMATS)}")
+    want = (meta["channels"], meta["image_size"], meta["image_size"])
+    if inputs.dtype != torch.float32 or inputs.dim() != 4 or tuple(inputs.shape[1:]) != want or inputs.shape[0] < 1:
+        raise ValueError(f"inputs must be a normalised float32 batch (N, {want[0]}, {want[1]}, {want[2]}), "
+                         f"got {inputs.dtype} {tuple(inputs.shape)}")
+
+
+def _report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], atol: float) -> dict[str, Any]:
+    c, s = int(meta["channels"]), int(meta["image_size"])
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "arch": meta.get("arch"),
+        "spec_hash": meta.get("spec_hash"),
+        "class_names": list(meta["class_names"]),
+        "input": {
+            "name": INPUT_NAME, "shape": ["batch", c, s, s], "dtype": "float32", "channels": c, "image_size": s,
+            "mean": list(meta["mean"]), "std": list(meta["std"]),
+            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, x = (pixel/255 - mean) / std "
+                          "per channel, NCHW float32",
+        },
+        "output": {"name": OUTPUT_NAME, "shape": ["batch", len(meta["class_names"])], "kind": "logits (softmax for probabilities)"},
+        "versions": _versions(meta.get("versions")),
+        "threads": torch.get_num_threads(),  # torch's intra-op threads; onnxruntime is given the same number
+        "requested_formats": list(formats),
+        "parity_samples": int(inputs.shape[0]),
+        "check_batches": sorted({*CHECK_BATCHES, int(inputs.shape[0])}),
+        "atol": atol,
+    }
+
+
+def _bundle_members(report: dict[str, Any]) -> list[str]:
+    """The verified model files, export.json, and predict.py when the ONNX file it runs is among them."""
+    files = [e["file"] for e in report["formats"].values() if e["ok"]]
+    return files + ["export.json"] + (["predict.py"] if "model.onnx" in files else [])
+
+
+def _write_bundle(out_dir: Path, members: list[str]) -> None:
+    with zipfile.ZipFile(out_dir / "bundle.zip", "w") as zf:
+        for name in members:
+            src = Path(__file__).with_name("export_predict.py") if name == "predict.py" else out_dir / name
+            # Float weights do not compress: deflating model files would only cost seconds per 100 MB.
+            zf.write(src, name, compress_type=zipfile.ZIP_STORED if name in FILES.values() else zipfile.ZIP_DEFLATED)
+
+
+def _export_all(model: nn.Module, inputs: torch.Tensor, out_dir: Path, report: dict[str, Any], atol: float,
+                opset: int | None, say: Callable[[str], None]) -> None:
+    """Eager references and latency, then each requested format in turn (fills report in place)."""
+    props = _embedded(report)
+    refs = {n: model(_batch_of(inputs, n)).float() for n in report["check_batches"]}
+    report["latency_ms"] = {"eager": _latency(model, inputs)}
+    report["formats"] = {}
+    program = _SharedProgram(model, inputs)
+    for fmt in report["requested_formats"]:
+        say(f"{fmt}: exporting and verifying")
+        entry = _export_one(fmt, model, inputs, out_dir / FILES[fmt], refs, atol, opset, props, program)
+        report["formats"][fmt] = entry
+        if entry["ok"]:
+            report["latency_ms"][fmt] = entry["latency_ms"]
+        say(f"{fmt}: {'ok' if entry['ok'] else 'FAILED: ' + entry['error'][:200]}")
+
+
+def export_model(model: nn.Module, inputs: torch.Tensor, out_dir: Path, formats: list[str], meta: dict[str, Any],
+                 atol: float = 1e-4, opset: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Export `model` to each format in `formats` under `out_dir`, verify every file against the eager model
+    on `inputs` (a normalised validation batch of up to 256 samples) and write export.json and bundle.zip.
+    Returns the report that export.json holds. Raises ValueError for bad arguments only: an exporter's
+    failure is reported in the format's entry."""
+    say = progress or (lambda _msg: None)
+    formats = list(dict.fromkeys(formats))
+    _check_args(inputs, formats, meta)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (*FILES.values(), "export.json", "bundle.zip"):  # a re-export must not ship old files
+        (out_dir / stale).unlink(missing_ok=True)
+    report = _report_head(inputs, formats, meta, atol)
+    was_training = model.training
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    # Exported on the CPU: files traced on a GPU would carry its device; eval() for S-E1 (BatchNorm, Dropout).
+    model.cpu().eval()
+    try:
+        with torch.no_grad():
+            _export_all(model, inputs.detach().cpu().contiguous(), out_dir, report, atol, opset, say)
+    finally:
+        model.to(device).train(was_training)
+    report["all_ok"] = all(e["ok"] for e in report["formats"].values())
+    report["bundle"] = {"file": "bundle.zip", "contents": _bundle_members(report)}
+    (out_dir / "export.json").write_text(json.dumps(report, indent=2))
+    _write_bundle(out_dir, report["bundle"]["contents"])
+    say(f"export done: {', '.join(f for f, e in report['formats'].items() if e['ok']) or 'no format'} verified")
+    return report
