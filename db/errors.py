@@ -1,0 +1,51 @@
+"""Errors the repository raises, each saying what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class RunNotFound(LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} not found")
+        self.run_id = run_id
+
+
+class ArtifactNotFound(LookupError):
+    def __init__(self, artifact_id: str) -> None:
+        super().__init__(f"artifact {artifact_id!r} not found")
+        self.artifact_id = artifact_id
+
+
+class DatasetNotFound(LookupError):
+    def __init__(self, dataset_id: str) -> None:
+        super().__init__(f"dataset {dataset_id!r} not found")
+        self.dataset_id = dataset_id
+
+
+class RunStillActive(ValueError):
+    """Deleting a run a worker is still writing to would make the worker fail."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status}: cancel it and wait until it stops, "
+                         "or delete with force=True")
+        self.run_id = run_id
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database schema is not the one this code was written for."""
+
+    def __init__(self, current: str | None, head: str, url: str, *, newer: bool = False) -> None:
+        if newer:
+            message = (
+                f"the database at {url} has schema revision {current}, which this version of "
+                f"torchdeck (revision {head}) does not know: a newer torchdeck upgraded it. "
+                "Run that newer version; `torchdeck db upgrade` cannot go back."
+            )
+        else:
+            message = (
+                f"the database at {url} has schema revision {current or 'empty (no tables)'}, "
+                f"but this version of torchdeck needs {head}. Run `torchdeck db upgrade` "
+                "(with the same TORCHDECK_DATABASE_URL) and start again."
+            )
+        super().__init__(message)
+        self.current = current
+        self.head = head

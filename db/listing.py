@@ -1,0 +1,121 @@
+"""The runs table of the dashboard: filters, sort, pagination, summary metrics.
+
+A page costs four queries whatever its size (count, the page of runs, their
+tags, their summaries): never one query per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy.orm import aliased
+
+from db.engine import connection_scope
+from db.models import MetricRollup, Run, RunTag
+from db.rollup import WHOLE_SERIES_LEVEL
+from db.runs import records
+from db.types import RUN_STATUSES, RunPage
+
+SORT_COLUMNS = {
+    "created_at": Run.created_at,
+    "started_at": Run.started_at,
+    "finished_at": Run.finished_at,
+    "heartbeat_at": Run.heartbeat_at,
+    "name": Run.name,
+    "owner": Run.owner,
+    "status": Run.status,
+    "attempt": Run.attempt,
+}
+METRIC_SORT_PREFIX = "metric:"  # "metric:val/acc" sorts by that metric's last value
+MAX_PAGE = 1000
+
+
+def list_runs(
+    engine: Engine,
+    *,
+    status: str | Iterable[str] | None = None,
+    tag: str | Iterable[str] | None = None,
+    owner: str | None = None,
+    text: str | None = None,
+    parent_id: str | None = None,
+    sort: str = "created_at",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> RunPage:
+    """One page of runs matching every filter given, with the total that match.
+
+    `status` and `tag` take one value or several (any of the statuses; all of
+    the tags). `text` matches a part of the name (any case) or the start of
+    the id. `sort` is a column in SORT_COLUMNS or "metric:<key>"; runs
+    without a value sort last either way, and ties are broken by id so that
+    pages never overlap.
+    """
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if offset < 0:
+        raise ValueError(f"offset must be 0 or more, got {offset}")
+    conditions = _conditions(status, tag, owner, text, parent_id)
+    page_query = select(Run.__table__).where(*conditions)
+    page_query = _ordered(page_query, sort, descending).limit(limit).offset(offset)
+    with connection_scope(engine) as conn:
+        total = conn.execute(select(func.count()).select_from(Run).where(*conditions)).scalar_one()
+        rows = conn.execute(page_query).all()
+        runs = records(conn, rows)
+    return RunPage(runs=tuple(runs[row.id] for row in rows), total=total, limit=limit, offset=offset)
+
+
+def _as_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _conditions(
+    status: str | Iterable[str] | None,
+    tag: str | Iterable[str] | None,
+    owner: str | None,
+    text: str | None,
+    parent_id: str | None,
+) -> list[Any]:
+    conditions: list[Any] = []
+    statuses = _as_tuple(status)
+    unknown = [s for s in statuses if s not in RUN_STATUSES]
+    if unknown:
+        raise ValueError(f"unknown run status {unknown[0]!r}; known: {', '.join(RUN_STATUSES)}")
+    if statuses:
+        conditions.append(Run.status.in_(statuses))
+    for one_tag in _as_tuple(tag):
+        conditions.append(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == one_tag)))
+    if owner is not None:
+        conditions.append(Run.owner == owner)
+    if parent_id is not None:
+        conditions.append(Run.parent_id == parent_id)
+    if text is not None and text.strip():
+        needle = text.strip()
+        conditions.append(or_(
+            Run.name.icontains(needle, autoescape=True),
+            Run.id.startswith(needle.lower(), autoescape=True),
+        ))
+    return conditions
+
+
+def _ordered(query: Any, sort: str, descending: bool) -> Any:
+    if sort.startswith(METRIC_SORT_PREFIX):
+        key = sort[len(METRIC_SORT_PREFIX):]
+        whole = aliased(MetricRollup)
+        query = query.outerjoin(whole, and_(
+            whole.run_id == Run.id, whole.level == WHOLE_SERIES_LEVEL, whole.key == key,
+        ))
+        column: Any = whole.last_value
+    elif sort in SORT_COLUMNS:
+        column = SORT_COLUMNS[sort]
+    else:
+        raise ValueError(
+            f"cannot sort by {sort!r}; use one of {', '.join(SORT_COLUMNS)} or 'metric:<key>'"
+        )
+    ordering = column.desc() if descending else column.asc()
+    # Same order on both backends: SQLite and Postgres disagree on where NULLs go.
+    return query.order_by(ordering.nulls_last(), Run.id.desc() if descending else Run.id.asc())

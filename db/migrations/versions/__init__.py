@@ -1,0 +1,1 @@
+"""Alembic revisions (a package only so that setuptools ships them; Alembic skips this file)."""

@@ -1,0 +1,233 @@
+"""The schema: SQLAlchemy 2.0 typed models. Alembic migrations (db/migrations) own
+the database; a drift test keeps these classes and the migrations identical.
+
+Times are UTC. Metric values that are NaN are stored as NULL with `nonfinite`
+set, because SQLite has no NaN (it silently turns NaN into NULL); ±inf are
+stored as such on both backends and flagged the same way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from db.types import (
+    DATASET_STATUSES,
+    ID_LEN,
+    KEY_LEN,
+    NAME_LEN,
+    OWNER_LEN,
+    RUN_STATUSES,
+    TAG_LEN,
+    WORKER_ID_LEN,
+)
+
+# Named constraints let Alembic's SQLite batch mode find and alter them later.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on both backends (SQLite would hand back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass an aware (UTC) datetime")
+        # SQLite stores the text without an offset, so everything must be in UTC.
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+def _in(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    __tablename__ = "run"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({_in(RUN_STATUSES)})", name="status"),
+        CheckConstraint("attempt >= 0", name="attempt"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    owner: Mapped[str] = mapped_column(String(OWNER_LEN), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    worker_id: Mapped[str | None] = mapped_column(String(WORKER_ID_LEN))
+    device: Mapped[str | None] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    progress: Mapped[float | None] = mapped_column(Double)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    parent_id: Mapped[str | None] = mapped_column(
+        String(ID_LEN), ForeignKey("run.id", ondelete="SET NULL"), index=True
+    )
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class RunTag(Base):
+    """Tags live in their own table so that filtering by tag is an indexed lookup on both backends."""
+
+    __tablename__ = "run_tag"
+
+    run_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(TAG_LEN), primary_key=True, index=True)
+
+
+class Metric(Base):
+    """One point of one series. WITHOUT ROWID on SQLite: the primary key is the
+    only b-tree, which halves the work per inserted point.
+
+    No foreign key to `run`, deliberately, here and in `metric_rollup`: the
+    check costs half of Postgres' insert time (a trigger per row). The
+    repository keeps the reference instead: appends check the run under the
+    run's append lock, and delete_run takes that lock and deletes the points.
+    """
+
+    __tablename__ = "metric"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    run_id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    key: Mapped[str] = mapped_column(String(KEY_LEN), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    value: Mapped[float | None] = mapped_column(Double)  # NULL = NaN
+    nonfinite: Mapped[bool] = mapped_column(Boolean, default=False)
+    wall_time: Mapped[float] = mapped_column(Double)  # seconds since the epoch
+
+
+class MetricRollup(Base):
+    """Per series, per power-of-two step bucket (`bucket = step >> level`): the
+    bucket's extremes and ends, kept up to date as points are appended, so a
+    chart of a million points reads about a thousand of these rows.
+
+    min/max consider finite values only; first/last consider every point
+    (their value is NULL when that point is NaN). Level `WHOLE_SERIES_LEVEL`
+    holds one row per series: its count, ends and extremes.
+    """
+
+    __tablename__ = "metric_rollup"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    run_id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # no FK: see Metric
+    # Level before key: a run's whole-series rows (metric keys, summaries)
+    # are then one contiguous range of the primary key.
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    key: Mapped[str] = mapped_column(String(KEY_LEN), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger)
+    nonfinite: Mapped[int] = mapped_column(BigInteger)
+    min_step: Mapped[int | None] = mapped_column(BigInteger)
+    min_value: Mapped[float | None] = mapped_column(Double)
+    max_step: Mapped[int | None] = mapped_column(BigInteger)
+    max_value: Mapped[float | None] = mapped_column(Double)
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    first_value: Mapped[float | None] = mapped_column(Double)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    last_value: Mapped[float | None] = mapped_column(Double)
+
+
+class Event(Base):
+    __tablename__ = "event"
+    __table_args__ = (Index("ix_event_run_id_id", "run_id", "id"),)
+
+    # BIGINT on Postgres; SQLite only auto-increments a column declared INTEGER.
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    level: Mapped[str] = mapped_column(String(16))
+    code: Mapped[str | None] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Artifact(Base):
+    __tablename__ = "artifact"
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # opaque, never a path
+    run_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(32))
+    uri: Mapped[str] = mapped_column(Text)
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Worker(Base):
+    __tablename__ = "worker"
+
+    id: Mapped[str] = mapped_column(String(WORKER_ID_LEN), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(NAME_LEN))
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    current_run_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+
+
+class Dataset(Base):
+    """A dataset a user uploaded (built-in datasets live in code, not here)."""
+
+    __tablename__ = "dataset"
+    __table_args__ = (CheckConstraint(f"status IN ({_in(DATASET_STATUSES)})", name="status"),)
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN), unique=True)
+    uri: Mapped[str] = mapped_column(Text)
+    classes: Mapped[list[str]] = mapped_column(JSON)
+    counts: Mapped[dict[str, int]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,261 @@
+"""Events, artifacts, workers and uploaded datasets."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, delete, insert, select
+
+from db.engine import connection_scope, session_scope
+from db.errors import ArtifactNotFound, DatasetNotFound, RunNotFound
+from db.metrics import lock_run_for_append
+from db.models import Artifact, Dataset, Event, Run, Worker
+from db.types import (
+    DATASET_STATUSES,
+    EVENT_LEVELS,
+    NAME_LEN,
+    WORKER_ID_LEN,
+    ArtifactRecord,
+    DatasetRecord,
+    EventInput,
+    EventRecord,
+    WorkerRecord,
+    json_safe,
+    utcnow,
+)
+
+MAX_EVENTS_PAGE = 10_000
+
+
+def append_events(engine: Engine, run_id: str, events: Iterable[EventInput]) -> int:
+    """Store events of one run in one transaction; returns how many."""
+    now = utcnow()
+    rows: list[dict[str, Any]] = []
+    for event in events:
+        if event.level not in EVENT_LEVELS:
+            raise ValueError(f"event level {event.level!r}: use one of {', '.join(EVENT_LEVELS)}")
+        if not event.kind or len(event.kind) > 32:
+            raise ValueError(f"event kind {event.kind!r}: 1 to 32 characters")
+        if event.code is not None and len(event.code) > 64:
+            raise ValueError(f"event code {event.code[:40]!r}...: at most 64 characters")
+        rows.append({
+            "run_id": run_id, "time": event.time or now, "kind": event.kind, "level": event.level,
+            "code": event.code, "message": str(event.message),
+            "data": json_safe(event.data) if event.data is not None else None,
+        })
+    with connection_scope(engine, write=True) as conn:
+        lock_run_for_append(conn, run_id)
+        if rows:
+            conn.execute(insert(Event), rows)
+    return len(rows)
+
+
+def list_events(
+    engine: Engine, run_id: str, *, after_id: int = 0, level: str | None = None, limit: int = 1000
+) -> list[EventRecord]:
+    """The run's events in order; `after_id` (the last id seen) gives only newer ones."""
+    if not 1 <= limit <= MAX_EVENTS_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_EVENTS_PAGE}, got {limit}")
+    query = select(Event).where(Event.run_id == run_id, Event.id > after_id)
+    if level is not None:
+        query = query.where(Event.level == level)
+    with session_scope(engine, write=False) as session:
+        if session.get(Run, run_id) is None:
+            raise RunNotFound(run_id)
+        found = session.execute(query.order_by(Event.id).limit(limit)).scalars()
+        return [EventRecord(
+            id=e.id, run_id=e.run_id, time=e.time, kind=e.kind, level=e.level, code=e.code,
+            message=e.message, data=e.data,
+        ) for e in found]
+
+
+def add_artifact(
+    engine: Engine,
+    run_id: str,
+    kind: str,
+    uri: str,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> ArtifactRecord:
+    """Register a file of a run (checkpoint, export...) by URI; returns it with its opaque id."""
+    if not kind or len(kind) > 32:
+        raise ValueError(f"artifact kind {kind!r}: 1 to 32 characters")
+    if not uri:
+        raise ValueError("artifact uri must not be empty")
+    if sha256 is not None and len(sha256) != 64:
+        raise ValueError(f"sha256 must be 64 hex characters, got {sha256!r}")
+    # Random, so that an artifact URL reveals nothing and cannot be guessed.
+    artifact = Artifact(
+        id=secrets.token_hex(16), run_id=run_id, kind=kind, uri=uri, size=size,
+        sha256=sha256, meta=json_safe(meta or {}), created_at=utcnow(),
+    )
+    with session_scope(engine) as session:
+        if session.get(Run, run_id) is None:
+            raise RunNotFound(run_id)
+        session.add(artifact)
+    return _artifact(artifact)
+
+
+def get_artifact(engine: Engine, artifact_id: str) -> ArtifactRecord:
+    with session_scope(engine, write=False) as session:
+        artifact = session.get(Artifact, artifact_id)
+        if artifact is None:
+            raise ArtifactNotFound(artifact_id)
+        return _artifact(artifact)
+
+
+def list_artifacts(engine: Engine, run_id: str, kind: str | None = None) -> list[ArtifactRecord]:
+    query = select(Artifact).where(Artifact.run_id == run_id)
+    if kind is not None:
+        query = query.where(Artifact.kind == kind)
+    with session_scope(engine, write=False) as session:
+        if session.get(Run, run_id) is None:
+            raise RunNotFound(run_id)
+        found = session.execute(query.order_by(Artifact.created_at, Artifact.id)).scalars()
+        return [_artifact(a) for a in found]
+
+
+def _artifact(a: Artifact) -> ArtifactRecord:
+    return ArtifactRecord(
+        id=a.id, run_id=a.run_id, kind=a.kind, uri=a.uri, size=a.size, sha256=a.sha256,
+        meta=a.meta or {}, created_at=a.created_at,
+    )
+
+
+def upsert_worker(
+    engine: Engine,
+    worker_id: str,
+    *,
+    hostname: str,
+    queues: Sequence[str] = (),
+    devices: Sequence[Mapping[str, Any]] = (),
+    current_run_id: str | None = None,
+) -> WorkerRecord:
+    """Register a worker or refresh its heartbeat, queues, devices and current run."""
+    if not worker_id or len(worker_id) > WORKER_ID_LEN:
+        raise ValueError(f"worker id {worker_id!r}: 1 to {WORKER_ID_LEN} characters")
+    now = utcnow()
+    with session_scope(engine) as session:
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            worker = Worker(id=worker_id, started_at=now)
+            session.add(worker)
+        worker.hostname = hostname[:NAME_LEN]
+        worker.queues = list(queues)
+        worker.devices = json_safe([dict(d) for d in devices])
+        worker.heartbeat_at = now
+        worker.current_run_id = current_run_id
+        session.flush()
+        return _worker(worker)
+
+
+def list_workers(engine: Engine) -> list[WorkerRecord]:
+    """All registered workers, most recently seen first."""
+    with session_scope(engine, write=False) as session:
+        found = session.execute(select(Worker).order_by(Worker.heartbeat_at.desc())).scalars()
+        return [_worker(w) for w in found]
+
+
+def remove_worker(engine: Engine, worker_id: str) -> bool:
+    with session_scope(engine) as session:
+        return session.execute(delete(Worker).where(Worker.id == worker_id)).rowcount == 1
+
+
+def _worker(w: Worker) -> WorkerRecord:
+    return WorkerRecord(
+        id=w.id, hostname=w.hostname, queues=tuple(w.queues), devices=tuple(w.devices),
+        started_at=w.started_at, heartbeat_at=w.heartbeat_at, current_run_id=w.current_run_id,
+    )
+
+
+def create_dataset(
+    engine: Engine,
+    name: str,
+    uri: str,
+    *,
+    classes: Sequence[str] = (),
+    counts: Mapping[str, int] | None = None,
+    status: str = "pending",
+) -> DatasetRecord:
+    """Register an uploaded dataset. Names are unique: a second one raises ValueError."""
+    _check_dataset(name, status)
+    with session_scope(engine) as session:
+        if session.execute(select(Dataset.id).where(Dataset.name == name)).first() is not None:
+            raise ValueError(f"a dataset named {name!r} already exists")
+        dataset = Dataset(
+            id=secrets.token_hex(6), name=name, uri=uri, classes=list(classes),
+            counts=dict(counts or {}), status=status, error=None, created_at=utcnow(),
+        )
+        session.add(dataset)
+        session.flush()
+        return _dataset(dataset)
+
+
+def update_dataset(
+    engine: Engine,
+    dataset_id: str,
+    *,
+    status: str | None = None,
+    classes: Sequence[str] | None = None,
+    counts: Mapping[str, int] | None = None,
+    error: str | None = None,
+) -> DatasetRecord:
+    """Change what is known of a dataset (after its upload was checked, say)."""
+    with session_scope(engine) as session:
+        dataset = session.get(Dataset, dataset_id)
+        if dataset is None:
+            raise DatasetNotFound(dataset_id)
+        if status is not None:
+            _check_dataset(dataset.name, status)
+            dataset.status = status
+        if classes is not None:
+            dataset.classes = list(classes)
+        if counts is not None:
+            dataset.counts = dict(counts)
+        dataset.error = error
+        session.flush()
+        return _dataset(dataset)
+
+
+def get_dataset(engine: Engine, dataset_id: str) -> DatasetRecord:
+    with session_scope(engine, write=False) as session:
+        dataset = session.get(Dataset, dataset_id)
+        if dataset is None:
+            raise DatasetNotFound(dataset_id)
+        return _dataset(dataset)
+
+
+def list_datasets(engine: Engine, status: str | None = None) -> list[DatasetRecord]:
+    query = select(Dataset).order_by(Dataset.name)
+    if status is not None:
+        query = query.where(Dataset.status == status)
+    with session_scope(engine, write=False) as session:
+        return [_dataset(d) for d in session.execute(query).scalars()]
+
+
+def delete_dataset(engine: Engine, dataset_id: str) -> str:
+    """Forget a dataset; returns its URI so the caller can remove the files."""
+    with session_scope(engine) as session:
+        dataset = session.get(Dataset, dataset_id)
+        if dataset is None:
+            raise DatasetNotFound(dataset_id)
+        session.delete(dataset)
+        return dataset.uri
+
+
+def _check_dataset(name: str, status: str) -> None:
+    if not name or not name.strip() or len(name) > NAME_LEN:
+        raise ValueError(f"dataset name {name!r}: 1 to {NAME_LEN} characters")
+    if status not in DATASET_STATUSES:
+        raise ValueError(f"dataset status {status!r}: use one of {', '.join(DATASET_STATUSES)}")
+
+
+def _dataset(d: Dataset) -> DatasetRecord:
+    return DatasetRecord(
+        id=d.id, name=d.name, uri=d.uri, classes=tuple(d.classes), counts=dict(d.counts),
+        status=d.status, error=d.error, created_at=d.created_at,
+    )

@@ -1,0 +1,72 @@
+"""The repository: every read and write the workers and the UI need, as plain
+functions taking an engine first and returning frozen dataclasses (db/types.py).
+
+The functions live in small modules by subject; this module is the one place
+callers import them from.
+"""
+
+from db.errors import (
+    ArtifactNotFound,
+    DatasetNotFound,
+    RunNotFound,
+    RunStillActive,
+    SchemaOutOfDate,
+)
+from db.listing import list_runs
+from db.metrics import append_metrics, metric_keys
+from db.records import (
+    add_artifact,
+    append_events,
+    create_dataset,
+    delete_dataset,
+    get_artifact,
+    get_dataset,
+    list_artifacts,
+    list_datasets,
+    list_events,
+    list_workers,
+    remove_worker,
+    update_dataset,
+    upsert_worker,
+)
+from db.runs import (
+    claim_run,
+    create_run,
+    delete_run,
+    finish_run,
+    get_run,
+    heartbeat,
+    mark_lost,
+    request_cancel,
+    set_tags,
+    stale_runs,
+)
+from db.series import compare, series
+from db.types import (
+    ArtifactRecord,
+    Comparison,
+    DatasetRecord,
+    EventInput,
+    EventRecord,
+    HeartbeatReply,
+    MetricPoint,
+    MetricSummary,
+    RunPage,
+    RunRecord,
+    Series,
+    SeriesPoint,
+    WorkerRecord,
+)
+
+__all__ = [
+    "ArtifactNotFound", "DatasetNotFound", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
+    "ArtifactRecord", "Comparison", "DatasetRecord", "EventInput", "EventRecord",
+    "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",
+    "SeriesPoint", "WorkerRecord",
+    "create_run", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
+    "finish_run", "stale_runs", "mark_lost", "delete_run", "list_runs",
+    "append_metrics", "metric_keys", "series", "compare",
+    "append_events", "list_events", "add_artifact", "get_artifact", "list_artifacts",
+    "upsert_worker", "list_workers", "remove_worker",
+    "create_dataset", "get_dataset", "list_datasets", "update_dataset", "delete_dataset",
+]

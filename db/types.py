@@ -1,0 +1,234 @@
+"""What the repository functions take and return: plain frozen dataclasses, never
+live ORM objects, so callers can cache them, pickle them and use them after the
+session is gone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+RUN_STATUSES = (
+    "queued",
+    "running",
+    "completed",
+    "early_stopped",
+    "cancelled",
+    "failed",
+    "diverged",
+    "lost",
+)
+# A run in one of these states is over: it is never claimed or finished again.
+FINISHED_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+# A worker may take a run in these states: new, or abandoned by a dead worker.
+CLAIMABLE_STATUSES = ("queued", "lost")
+EVENT_LEVELS = ("debug", "info", "warning", "error")
+DATASET_STATUSES = ("pending", "ready", "failed")
+
+# Column lengths, checked before writing so that the error names the field.
+ID_LEN = 32
+NAME_LEN = 200
+OWNER_LEN = 100
+TAG_LEN = 64
+KEY_LEN = 200
+WORKER_ID_LEN = 200
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """One value of one metric at one step. NaN and ±inf are accepted (flagged)."""
+
+    key: str
+    step: int
+    value: float
+    epoch: int | None = None
+    wall_time: float | None = None  # seconds since the epoch; default: when appended
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    step: int
+    value: float  # NaN when the stored point was NaN
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSummary:
+    """A series at a glance: its extremes over finite values and its last point."""
+
+    key: str
+    count: int
+    nonfinite: int
+    last_step: int
+    last_value: float
+    min_value: float | None
+    min_step: int | None
+    max_value: float | None
+    max_step: int | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    name: str
+    owner: str
+    status: str
+    spec: Mapping[str, Any]
+    spec_hash: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    worker_id: str | None
+    device: str | None
+    attempt: int
+    progress: float | None
+    summary: Mapping[str, Any]
+    error: str | None
+    tags: tuple[str, ...]
+    parent_id: str | None
+    cancel_requested: bool
+    # Per metric key; filled by get_run and list_runs.
+    metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of `list_runs`: the runs and how many match in total."""
+
+    runs: tuple[RunRecord, ...]
+    total: int
+    limit: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    cancel_requested: bool
+    owned: bool  # False once the run is finished or another worker claimed it
+
+    @property
+    def should_stop(self) -> bool:
+        return self.cancel_requested or not self.owned
+
+
+@dataclass(frozen=True)
+class Series:
+    """A chart-ready series: `steps` and `values` in step order.
+
+    Downsampled series hold, per step bucket of `bucket_width` steps, the
+    points with the bucket's smallest and largest finite value, plus the
+    series' first and last points; raw series (`bucket_width == 1`) hold every
+    point, NaN and ±inf included.
+    """
+
+    run_id: str
+    key: str
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    downsampled: bool
+    bucket_width: int
+    total_points: int  # in the whole series, not only in this answer
+    nonfinite_points: int
+    first: SeriesPoint | None
+    last: SeriesPoint | None
+    min: SeriesPoint | None  # finite values only
+    max: SeriesPoint | None
+
+    @property
+    def last_step(self) -> int | None:
+        """Pass this back as `since_step` to get only newer points."""
+        return self.steps[-1] if self.steps else None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    runs: tuple[RunRecord, ...]
+    series: Mapping[str, Mapping[str, Series]]  # run id -> key -> series
+
+
+@dataclass(frozen=True, slots=True)
+class EventInput:
+    kind: str  # e.g. "lifecycle", "diagnosis", "log"
+    level: str  # one of EVENT_LEVELS
+    message: str
+    code: str | None = None
+    data: Mapping[str, Any] | None = None
+    time: datetime | None = None  # default: when appended
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int  # increasing: poll with `after_id` for new events
+    run_id: str
+    time: datetime
+    kind: str
+    level: str
+    code: str | None
+    message: str
+    data: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    id: str
+    run_id: str
+    kind: str
+    uri: str
+    size: int | None
+    sha256: str | None
+    meta: Mapping[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    id: str
+    hostname: str
+    queues: tuple[str, ...]
+    devices: tuple[Mapping[str, Any], ...]
+    started_at: datetime
+    heartbeat_at: datetime
+    current_run_id: str | None
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    id: str
+    name: str
+    uri: str
+    classes: tuple[str, ...]
+    counts: Mapping[str, int]
+    status: str
+    error: str | None
+    created_at: datetime
+
+
+def stored_float(value: float | None) -> float:
+    """A value read back from the metric tables: NULL stands for NaN."""
+    return math.nan if value is None else value
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or Infinity (Postgres refuses them): write them as the
+    strings "nan", "inf", "-inf", which float() reads back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
