@@ -141,6 +141,13 @@ def worker(
 
 
 def _wait(group) -> None:
+    import signal
+
+    def _terminate(signum, frame):  # `kill` or a closed terminal stop everything, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     try:
         while not group.dead():
             time.sleep(0.5)
@@ -171,6 +178,8 @@ def up(
     try:
         if not os.environ.get("TORCHDECK_BROKER_URL"):
             os.environ["TORCHDECK_BROKER_URL"] = start_private_redis(home, group)
+            # Other terminals (`torchdeck submit`) find the private broker through this file.
+            (home / "broker.url").write_text(os.environ["TORCHDECK_BROKER_URL"])
         for cmd, env in worker_commands(None, ["gpu", "cpu"]):
             env.pop("CUDA_VISIBLE_DEVICES")  # the local worker sees every GPU the machine has
             group.start("worker", cmd, env, log=home / "logs" / "worker.log")
@@ -187,7 +196,10 @@ def up(
     except Exception:
         group.stop()
         raise
-    _wait(group)
+    try:
+        _wait(group)
+    finally:
+        (home / "broker.url").unlink(missing_ok=True)
 
 
 def _requeue_queued(list_runs, spec_of) -> None:

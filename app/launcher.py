@@ -51,9 +51,11 @@ class ProcessGroup:
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+        if log:
+            log.parent.mkdir(parents=True, exist_ok=True)
         out = open(log, "ab") if log else None  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_term_with_parent)
         self.procs.append((name, p))
         return p
 
@@ -71,6 +73,16 @@ class ProcessGroup:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def _term_with_parent() -> None:
+    """Linux: SIGTERM this child when the launcher dies, even by SIGKILL (no orphaned workers)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def redis_server_binary() -> str | None:

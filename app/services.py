@@ -19,7 +19,14 @@ RUN_TASK = "torchdeck.execute_run"  # the name worker.tasks registers; enqueued 
 
 
 def broker_url() -> str:
-    return os.environ.get("TORCHDECK_BROKER_URL", "redis://127.0.0.1:6379/0")
+    """$TORCHDECK_BROKER_URL; else the private broker a running `torchdeck up` recorded; else local Redis."""
+    url = os.environ.get("TORCHDECK_BROKER_URL")
+    if url:
+        return url
+    recorded = data_home() / "broker.url"
+    if recorded.is_file():
+        return recorded.read_text().strip()
+    return "redis://127.0.0.1:6379/0"
 
 
 @lru_cache(maxsize=4)

@@ -111,8 +111,24 @@ def gpu_metrics() -> dict[str, float]:
     return out
 
 
+def spare_main(conn) -> None:
+    """A fresh process that imports the heavy libraries ahead of time, then waits for one run.
+    The worker keeps one such spare ready, so a new run starts in about a second instead of
+    paying torch's import; each process still serves exactly one run and exits."""
+    die_with_parent()
+    import core.train  # noqa: F401 - the point: torch, torchvision and core imported before the run arrives
+    import worker.sink  # noqa: F401
+
+    try:
+        job = conn.recv()
+    except EOFError:  # the worker went away before giving us a run
+        return
+    if job is not None:
+        run_child(*job)
+
+
 def run_child(run_id: str, worker_id: str, db_url: str) -> None:
-    """Entry point of the spawned process (see worker.tasks.supervise)."""
+    """Run one run to its end (in a spare process; see worker.tasks.supervise)."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s run {run_id} %(levelname)s %(message)s")
     term = TermFlag()

@@ -26,7 +26,7 @@ from db.repo import (
     upsert_worker,
 )
 from worker.celery_app import RUN_TASK, app
-from worker.child import run_child
+from worker.child import spare_main
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.worker")
@@ -78,12 +78,60 @@ def _device_label() -> str:
     return f"cuda:{visible}" if visible not in (None, "") else "cpu"
 
 
+class Spare:
+    """One fresh spawned process kept ready (libraries imported, no run yet). Spawn, not fork: CUDA
+    never survives a fork, and a fresh process returns all its memory when the run ends."""
+
+    def __init__(self) -> None:
+        self.proc: mp.Process | None = None
+        self.conn = None
+
+    def fill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            return
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=spare_main, args=(child,), name="torchdeck-run", daemon=False)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def take(self, job: tuple) -> mp.Process:
+        self.fill()
+        proc, conn = self.proc, self.conn
+        self.proc = self.conn = None
+        conn.send(job)
+        conn.close()
+        return proc
+
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.send(None)  # "no run for you": the spare exits
+            except OSError:
+                pass
+        if self.proc is not None:
+            self.proc.join(5)
+            if self.proc.is_alive():
+                self.proc.kill()
+        self.proc = self.conn = None
+
+
+_spare = Spare()
+
+
 def supervise(run_id: str, worker_id: str, settings: WorkerSettings | None = None) -> str:
-    """Start the run's process, relay a cancel (stop between steps → SIGTERM → SIGKILL), explain its exit."""
+    """Hand the run to a fresh process, relay a cancel (stop between steps → SIGTERM → SIGKILL), explain its exit."""
     s = settings or WorkerSettings()
-    proc = mp.get_context("spawn").Process(target=run_child, args=(run_id, worker_id, str(engine().url.render_as_string(False))),
-                                           name=f"torchdeck-run-{run_id}", daemon=False)
-    proc.start()
+    proc = _spare.take((run_id, worker_id, engine().url.render_as_string(hide_password=False)))
+    try:
+        return _watch(proc, run_id, worker_id, s)
+    finally:
+        _spare.fill()  # ready for the next run
+
+
+def _watch(proc: mp.Process, run_id: str, worker_id: str, s: WorkerSettings) -> str:
     cancel_at: float | None = None
     termed = False
     next_check = 0.0
@@ -177,8 +225,10 @@ def _on_ready(sender=None, **_: object) -> None:
     _state["worker_id"] = sender.hostname if sender is not None else f"{socket.gethostname()}:{os.getpid()}"
     _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
+    _spare.fill()
 
 
 @signals.worker_shutdown.connect
 def _on_shutdown(**_: object) -> None:
     _stop.set()
+    _spare.close()

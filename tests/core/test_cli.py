@@ -81,3 +81,21 @@ def test_python_dash_m_core_trains(tmp_path):
 def test_validate_prints_resolved_spec():
     r = _run("validate", "configs/digits_simple_cnn.yaml", "--set", "train.epochs=3")
     assert r.returncode == 0 and "epochs: 3" in r.stdout
+
+
+def test_export_command_verifies_and_bundles(digits_run):
+    out, _ = digits_run
+    r = _run("export", str(out), "--checkpoint", "best", "--formats", "onnx,torchscript")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "export" / "export.json").read_text())
+    assert report["formats"]["onnx"]["ok"] and report["formats"]["torchscript"]["ok"]
+    assert report["formats"]["onnx"]["parity"]["top1_agreement"] == 100.0
+    assert {"model.onnx", "model.ts", "bundle.zip"} <= {p.name for p in (out / "export").iterdir()}
+    assert "ok   onnx" in r.stdout
+
+
+def test_export_command_bad_input(tmp_path):
+    r = _run("export", str(tmp_path), "--formats", "onnx")
+    assert r.returncode == 2 and "no best checkpoint" in r.stderr
+    r = _run("export", str(tmp_path), "--formats", "tflite")
+    assert r.returncode == 2 and "tflite" in r.stderr

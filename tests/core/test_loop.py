@@ -256,3 +256,29 @@ def test_out_dir_has_spec_summary_and_checkpoints(tmp_path):
     for rel in ("spec.yaml", "summary.json", "samples.png", "checkpoints/last.pt", "checkpoints/best.pt"):
         assert (Path(tmp_path) / rel).is_file(), rel
     assert RunSpec.from_yaml((tmp_path / "spec.yaml").read_text()) == tiny()
+
+
+def test_out_of_memory_fails_with_advice(tmp_path, monkeypatch):
+    import core.engine as ce
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(ce, "train_one_epoch", oom)
+    sink = MemorySink()
+    summary = run_training(tiny(), tmp_path, sink)
+    assert summary["status"] == "failed" and "out of memory" in summary["error"]
+    advice = [e for e in sink.events if e["data"].get("code") == "out_of_memory"]
+    assert advice and "batch_size" in advice[0]["data"]["advice"] and "accumulate" in advice[0]["data"]["advice"]
+
+
+def test_plateau_schedule_decays_when_the_monitor_stalls():
+    from core.config import ScheduleSpec
+    from core.optim import Schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = Schedule(opt, ScheduleSpec(name="plateau", patience=1, gamma=0.5), steps_per_epoch=10, epochs=10, mode="min")
+    for value in (1.0, 0.9, 0.9, 0.9):
+        sched.step_batch()
+        sched.step_epoch(value)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
