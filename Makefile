@@ -2,6 +2,9 @@
 # Both install what is missing first: a .venv with the project, and (for tests) the system
 # services the integration and browser tests run for real (Redis, PostgreSQL, Chromium).
 
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+
 VENV   ?= .venv
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PY     := $(VENV)/bin/python
@@ -11,7 +14,8 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
+	  | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -20,19 +20,9 @@ if str(ROOT) not in sys.path:
 
 from db.engine import make_engine  # noqa: E402
 from db.migrate import upgrade  # noqa: E402
-from tests._servers import PostgresServer, PostgresUnavailable, start_postgres  # noqa: E402
+from tests._servers import PostgresServer  # noqa: E402
 
 BACKENDS = ("sqlite", "postgres")
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    try:
-        server = start_postgres()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"cannot start the test Postgres server: {exc}", pytrace=False)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=BACKENDS)

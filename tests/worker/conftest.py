@@ -20,7 +20,7 @@ import pytest
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.repo import get_run
-from tests._servers import PostgresServer, PostgresUnavailable, free_port, start_postgres
+from tests._servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged")
@@ -75,16 +75,6 @@ def redis_server() -> Iterator[RedisServer]:
     yield server
     server.stop()
     shutil.rmtree(server.root, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    try:
-        server = start_postgres()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"cannot start the test Postgres server: {exc}", pytrace=False)
-    yield server
-    server.stop()
 
 
 @dataclass
