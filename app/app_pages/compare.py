@@ -1,0 +1,110 @@
+"""Compare: overlaid curves, hyperparameters against a metric (parallel coordinates), the spec diff
+and a summary table of any set of runs (`?ids=a,b,c`)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.ui import compare_view as cv
+from app.ui import fmt as f
+from app.ui import frame, queries
+from app.ui.charts import X_MODES
+
+K = frame.page_state("cmp")
+DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
+# Points per run and chart: 20 overlaid runs × 500 points already exceed a chart's pixel columns.
+MAX_POINTS = 500
+
+
+def choose_runs() -> list[str]:
+    wanted = [i for i in (st.query_params.get("ids") or "").split(",") if i]
+    if st.session_state.get(K("seeded")) != wanted:
+        st.session_state[K("seeded")] = wanted
+        st.session_state[K("ids")] = wanted
+    recent = {r.id: r for r in queries.runs_page(limit=200).runs}
+    for run_id in st.session_state.get(K("ids"), []):
+        if run_id not in recent and (r := queries.run(run_id)) is not None:
+            recent[run_id] = r
+    st.session_state[K("ids")] = [i for i in st.session_state.get(K("ids"), []) if i in recent]
+    ids = st.multiselect("Runs", list(recent), key=K("ids"), format_func=lambda i: f.run_label(recent[i]),
+                         placeholder="choose runs to compare…")
+    if ids != wanted:
+        st.query_params["ids"] = ",".join(ids)
+        st.session_state[K("seeded")] = ids
+    return ids
+
+
+def curves(runs, ids: list[str]) -> None:
+    available = queries.union_keys(ids)
+    default = [k for k in DEFAULT_KEYS if k in available] or available[:2]
+    a, b, c = st.columns([4, 1.5, 1.5])
+    keys = a.multiselect("Metrics", available, default=default, key=K("keys"))
+    xmode = b.segmented_control("x-axis", X_MODES, default="step", key=K("xmode")) or "step"
+    smoothing = c.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key=K("smooth"))
+    if not keys:
+        st.caption("Choose metrics to overlay.")
+        return
+    comparison = queries.compare(ids, keys, max_points=MAX_POINTS)
+    series = {run_id: dict(by_key) for run_id, by_key in comparison.series.items()}
+    figs = cv.curve_figures(runs, series, keys, xmode, smoothing)
+    cols = st.columns(2)
+    for i, (key, fig) in enumerate(figs):
+        cols[i % 2].plotly_chart(fig, key=K(f"chart.{key}"), config={"displaylogo": False})
+    st.download_button("Curves as CSV", cv.curves_csv(runs, series, keys), file_name="compare-curves.csv",
+                       mime="text/csv", icon=":material/download:", key=K("curves_csv"))
+
+
+def hyperparameters(runs) -> None:
+    metrics = sorted({k for r in runs for k in r.metrics if not k.startswith("sys/")})
+    default = "val/acc" if "val/acc" in metrics else (metrics[0] if metrics else None)
+    if default is None:
+        return
+    metric = st.selectbox("Metric", metrics, index=metrics.index(default), key=K("pc_metric"))
+    st.plotly_chart(cv.parallel(runs, metric), key=K("parallel"), config={"displaylogo": False})
+
+
+def main() -> None:
+    st.title("Compare")
+    ids = choose_runs()
+    if not ids:
+        st.info("Choose two or more runs above, or select them on the **Runs** page and press Compare.",
+                icon=":material/info:")
+        return
+    runs = list(queries.compare(ids, []).runs)
+    # Only the open tab runs (on_change="rerun"): the hidden ones cost nothing, in the server or the browser.
+    curves_tab, params_tab, diff_tab, summary_tab = st.tabs(
+        ["Curves", "Hyperparameters", "Spec diff", "Summary"], key=K("tab"), on_change="rerun")
+    if curves_tab.open is not False:
+        with curves_tab:
+            curves(runs, ids)
+    if params_tab.open:
+        with params_tab:
+            hyperparameters(runs)
+    if diff_tab.open:
+        with diff_tab:
+            spec_diff(runs)
+    if summary_tab.open:
+        with summary_tab:
+            summary(runs)
+
+
+def spec_diff(runs) -> None:
+    only = st.toggle("Differences only", value=True, key=K("diff_only"))
+    diff = cv.spec_diff(runs, only)
+    if diff.empty:
+        st.caption("The specs are identical." if only else "No fields.")
+    else:
+        st.dataframe(diff, hide_index=True, width="stretch", height=min(38 + 35 * len(diff), 700))
+
+
+def summary(runs) -> None:
+    table = cv.summary_table(runs)
+    st.dataframe(table, hide_index=True, width="stretch",
+                 column_config={"best val/acc": st.column_config.NumberColumn(format="%.4f"),
+                                "lowest val/loss": st.column_config.NumberColumn(format="%.4f"),
+                                "time (s)": st.column_config.NumberColumn(format="%.1f")})
+    st.download_button("Summary as CSV", table.to_csv(index=False).encode(), file_name="compare-summary.csv",
+                       mime="text/csv", icon=":material/download:", key=K("summary_csv"))
+
+
+main()

@@ -1,0 +1,187 @@
+"""New run: a form for every RunSpec field, presets, YAML upload/download, clone, pre-flight, launch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import streamlit as st
+
+from app import services
+from app.ui import actions, frame, queries, spec_form
+from app.ui.schema import errors_by_field, validate
+from core.config import RunSpec, SpecError
+
+K = frame.page_state("nr")
+PRESETS = Path(__file__).resolve().parents[2] / "configs"
+NO_DATASET = "— none (use data.name / data.path) —"
+
+
+def load_into_form(spec: dict, source: str, parent: str | None = None) -> None:
+    spec_form.fill(spec)
+    st.session_state[K("source")] = source
+    st.session_state[K("parent")] = parent  # only a clone links the new run to another
+
+
+def forget_form() -> None:
+    for name in ("source", "parent", "preflight"):
+        st.session_state.pop(K(name), None)
+
+
+def presets_bar() -> None:
+    files = sorted(PRESETS.glob("*.yaml"))
+    left, mid, right = st.columns([2, 1, 3], vertical_alignment="bottom")
+    choice = left.selectbox("Preset", [p.stem for p in files], key=K("preset"), index=None,
+                            placeholder="choose a preset…")
+    if mid.button("Load preset", disabled=choice is None, key=K("load_preset")):
+        try:
+            spec = RunSpec.from_yaml((PRESETS / f"{choice}.yaml").read_text())
+            load_into_form(spec.model_dump(mode="json"), f"preset {choice}")
+        except SpecError as e:
+            st.error(str(e))
+    upload = right.file_uploader("Fill from a YAML spec", type=["yaml", "yml"], key=K("upload"))
+    if upload is not None and st.session_state.get(K("upload_id")) != upload.file_id:
+        st.session_state[K("upload_id")] = upload.file_id
+        try:
+            spec = RunSpec.from_yaml(upload.getvalue().decode("utf-8", errors="replace"))
+        except SpecError as e:
+            st.session_state[K("upload_errors")] = e.errors
+        else:
+            st.session_state.pop(K("upload_errors"), None)
+            load_into_form(spec.model_dump(mode="json"), f"file {upload.name}")
+    for loc, msg in st.session_state.get(K("upload_errors"), []):
+        st.error(f"{upload.name if upload else 'YAML'} — {loc}: {msg}", icon=":material/error:")
+
+
+def clone_from_query() -> None:
+    """`?clone=<run id>` pre-fills the form from that run, once: the parameter is then dropped, so
+    later reruns keep the user's edits."""
+    run_id = st.query_params.get("clone")
+    if not run_id:
+        return
+    del st.query_params["clone"]
+    r = queries.run(run_id)
+    if r is None:
+        st.warning(f"no run {run_id!r} to clone")
+        return
+    spec = dict(r.spec)
+    spec["name"] = f"{r.name} (clone)"[:200]
+    load_into_form(spec, f"clone of {r.name} ({r.id})", parent=r.id)
+    st.session_state[K("tags")] = ", ".join(r.tags)
+
+
+def dataset_picker() -> None:
+    ready = [d for d in queries.datasets() if d.status == "ready"]
+    options = [NO_DATASET] + [d.name for d in ready]
+    st.selectbox("Uploaded dataset", options, key=K("dataset"),
+                 help="An ImageFolder dataset uploaded on the Datasets page: sets data.name=imagefolder and "
+                      "data.path to its stored folder.")
+
+
+def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
+    values, bad = spec_form.read()
+    chosen = st.session_state.get(K("dataset"), NO_DATASET)
+    if chosen != NO_DATASET:
+        stored = next((d for d in queries.datasets() if d.name == chosen), None)
+        if stored is not None:
+            values["data"]["name"], values["data"]["path"] = "imagefolder", stored.uri
+    spec, errors = validate(values)
+    by_field, general = errors_by_field(errors)
+    for path, msg in bad.items():
+        by_field.setdefault(path, []).insert(0, msg)
+    return (spec if not bad else None), by_field, general
+
+
+def launch(spec: RunSpec) -> None:
+    tags = [t.strip() for t in st.session_state.get(K("tags"), "").split(",") if t.strip()]
+    owner = st.session_state.get(K("owner")) or "local"
+    try:
+        r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
+                            engine=queries.engine())
+    except (RuntimeError, ValueError) as e:
+        st.error(str(e), icon=":material/error:")
+        return
+    queries.clear()
+    forget_form()
+    frame.open_run(r.id)
+
+
+def show_preflight(spec: RunSpec) -> None:
+    with st.spinner("Pre-flight: building the data and the model in a separate process…"):
+        result = actions.preflight(spec)
+    st.session_state[K("preflight")] = result
+
+
+def preflight_panel() -> None:
+    result = st.session_state.get(K("preflight"))
+    if not result:
+        return
+    with st.container(border=True):
+        st.markdown("**Pre-flight**")
+        if result.get("ok"):
+            s = result["shapes"]
+            st.success(f"Shape check passed: input {s['input_shape']} → output {s['output_shape']} "
+                       f"({s['num_classes']} classes)", icon=":material/check_circle:")
+        else:
+            st.error(result.get("error", "pre-flight failed"), icon=":material/error:")
+        if result.get("data"):
+            d, m = result["data"], result.get("model", {})
+            st.caption(f"data {d['name']}: {d['train']} train / {d['val']} val, {len(d['classes'])} classes, "
+                       f"{d['channels']}×{d['image_size']}×{d['image_size']}"
+                       + (f" · model {m['name']}: {m['parameters']:,} parameters" if m else ""))
+        if result.get("grid"):
+            st.image(result["grid"], caption="Training samples with their labels: check they match (S-D6)")
+
+
+def main() -> None:
+    st.title("New run")
+    if spec_form.ensure_defaults():
+        forget_form()
+    st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
+    st.session_state.setdefault(K("tags"), "")
+    clone_from_query()
+    presets_bar()
+    if st.session_state.get(K("source")):
+        st.info(f"Form filled from {st.session_state[K('source')]}. Change anything, then launch.",
+                icon=":material/content_copy:")
+    with st.form(K("form"), border=False):
+        with st.container(border=True):
+            a, b, c = st.columns(3)
+            with a:
+                spec_form._widget(spec_form._by_path("name"))
+                name_slot = st.empty()
+            b.text_input("Owner", key=K("owner"), help="Who the run belongs to (filter on the Runs page).")
+            c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
+        slots = spec_form.render({"Data": dataset_picker})
+        slots["name"] = name_slot
+        general_slot = st.empty()
+        v, p, l_ = st.columns([1, 1, 1])
+        validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
+        preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:",
+                                                 width="stretch")
+        launch_clicked = l_.form_submit_button("Launch run", type="primary", icon=":material/rocket_launch:",
+                                               width="stretch")
+    spec, by_field, general = read_spec()
+    if validate_clicked or preflight_clicked or launch_clicked:
+        spec_form.show_errors(slots, by_field)
+        if general:
+            general_slot.error("\n\n".join(general), icon=":material/error:")
+        if spec is None:
+            n = sum(len(v) for v in by_field.values()) + len(general)
+            st.error(f"The spec has {n} problem(s): see the messages beside the fields.", icon=":material/error:")
+        elif launch_clicked:
+            launch(spec)
+        elif preflight_clicked:
+            show_preflight(spec)
+        else:
+            st.success(f"Valid spec: queue '{spec.resource}', hash {spec.spec_hash()[:12]}",
+                       icon=":material/check_circle:")
+    preflight_panel()
+    if spec is not None:
+        st.download_button("Download spec as YAML", spec.to_yaml(), file_name=f"{spec.name or 'run'}.yaml",
+                           mime="application/yaml", icon=":material/download:", key=K("download"))
+    else:
+        st.caption("Fix the form's errors to download the spec as YAML.")
+
+
+main()

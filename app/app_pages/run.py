@@ -1,0 +1,150 @@
+"""Run: status, progress and ETA, live charts, diagnosis, evaluation, events, samples, spec,
+artifacts with export now. While the run is active, only the fragments refresh (every
+queries.REFRESH_S seconds); the rest of the page never reruns on a timer."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import services
+from app.ui import actions, frame, queries, run_charts, run_view
+from app.ui import fmt as f
+from app.ui.charts import X_MODES
+
+K = frame.page_state("run")
+
+
+def pick_run() -> None:
+    st.title("Run")
+    recent = queries.runs_page(limit=100).runs
+    if not recent:
+        st.info("No runs yet: launch one from the **New run** page.", icon=":material/info:")
+        st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
+        return
+    chosen = st.selectbox("Open a run", recent, format_func=f.run_label, index=None, key=K("pick"),
+                          placeholder="choose a recent run…")
+    if chosen is not None:
+        st.query_params["id"] = chosen.id
+        st.rerun()
+
+
+def header(r) -> None:
+    st.title(r.name)
+    bits = [f"id `{r.id}`", f"owner {r.owner}", f"created {r.created_at:%Y-%m-%d %H:%M}"]
+    if r.parent_id:
+        bits.append(f"parent `{r.parent_id}`")
+    if r.tags:
+        bits.append("tags " + ", ".join(f"`{t}`" for t in r.tags))
+    st.caption(" · ".join(bits))
+
+
+def buttons(r) -> None:
+    wanted = (["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else []) + ["compare"]
+    cols = dict(zip(wanted, st.columns([1] * len(wanted) + [6 - len(wanted)])[:len(wanted)], strict=True))
+    if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel")):
+        services.cancel(r.id, engine=queries.engine())
+        queries.clear()
+        st.rerun()
+    if cols["clone"].button("Clone", icon=":material/content_copy:", key=K("clone")):
+        st.switch_page(frame.NEW, query_params={"clone": r.id})
+    if "rerun" in cols and cols["rerun"].button("Re-run", icon=":material/replay:", key=K("rerun")):
+        try:
+            new = actions.rerun(queries.engine(), r.id)
+        except (RuntimeError, ValueError) as e:
+            st.error(str(e))
+        else:
+            queries.clear()
+            frame.open_run(new.id)
+    if cols["compare"].button("Compare…", icon=":material/compare_arrows:", key=K("compare")):
+        st.switch_page(frame.COMPARE, query_params={"ids": r.id})
+
+
+def live_status(run_id: str, was_active: bool) -> None:
+    r = queries.run(run_id, fresh=True)
+    if r is None:
+        st.warning("This run was deleted.")
+        return
+    run_view.status_panel(r)
+    if was_active and r.finished:
+        st.rerun()  # the whole page once more: artifacts, export, static charts
+
+
+def chart_controls() -> tuple[str, float, int]:
+    a, b, c = st.columns([2, 2, 1])
+    xmode = a.segmented_control("x-axis", X_MODES, default="step", key=K("xmode")) or "step"
+    smoothing = b.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key=K("smooth"),
+                         help="Exponential moving average of per-step series (the raw series stays faint).")
+    cols = c.segmented_control("Columns", (1, 2, 3), default=2, key=K("cols")) or 2
+    return xmode, smoothing, cols
+
+
+def live_charts(run_id: str, xmode: str, smoothing: float, ncols: int) -> None:
+    r = queries.run(run_id, fresh=True)
+    if r is None:
+        return
+    keys = queries.metric_keys(r)
+    figs = run_charts.figures(r, keys, xmode, smoothing)
+    if not figs:
+        st.info("No metrics yet: the first points arrive after the first logged step.", icon=":material/hourglass:")
+        return
+    cols = st.columns(ncols)
+    for i, (title, fig) in enumerate(figs):
+        cols[i % ncols].plotly_chart(fig, key=K(f"chart.{title}"), config={"displaylogo": False})
+    held = run_charts.LiveSeries.of(r.id).steps.get("train/loss", []) if not r.finished else []
+    st.caption(f"{len(keys)} metric keys" + (f" · last step {held[-1]}" if held else ""))
+
+
+def live_details(run_id: str) -> None:
+    r = queries.run(run_id, fresh=True)
+    if r is None:
+        return
+    events = run_view.EventLog.of(r.id)
+    diag, evaluation, log = st.tabs(["Diagnosis", "Evaluation", "Event log"])
+    with diag:
+        run_view.diagnosis_panel(events)
+    with evaluation:
+        run_view.evaluation_panel(r, events)
+    with log:
+        run_view.events_panel(events)
+
+
+def main() -> None:
+    run_id = st.query_params.get("id")
+    if not run_id:
+        pick_run()
+        return
+    r = queries.run(run_id, fresh=True)
+    if r is None:
+        st.error(f"No run {run_id!r}: it may have been deleted.", icon=":material/error:")
+        st.page_link(frame.RUNS, label="All runs", icon=":material/table_rows:")
+        return
+    active = not r.finished
+    every = queries.REFRESH_S if active else None
+    header(r)
+    buttons(r)
+    st.fragment(live_status, run_every=every)(r.id, active)
+    # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
+    tabs = st.tabs(["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"),
+                   on_change="rerun")
+    charts_tab, details_tab, samples_tab, spec_tab, files_tab = tabs
+    if charts_tab.open is not False:
+        with charts_tab:
+            xmode, smoothing, ncols = chart_controls()
+            st.fragment(live_charts, run_every=every)(r.id, xmode, smoothing, ncols)
+    if details_tab.open:
+        with details_tab:
+            st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)
+    if samples_tab.open:
+        with samples_tab:
+            run_view.samples_panel(r)
+    if spec_tab.open:
+        with spec_tab:
+            run_view.spec_panel(r)
+    if files_tab.open:
+        with files_tab:
+            run_view.artifacts_panel(r)
+            if r.finished:
+                run_view.export_panel(r)
+
+
+main()

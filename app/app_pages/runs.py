@@ -1,0 +1,153 @@
+"""Runs: a paged, filtered, sorted table (the database pages it: fine with 10,000 runs) and the
+actions on the selected rows. Rows of running runs refresh live."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import services
+from app.ui import actions, frame, queries
+from app.ui import fmt as f
+from db.types import RUN_STATUSES, RunRecord
+
+K = frame.page_state("runs")
+SORTS = {"created": "created_at", "started": "started_at", "finished": "finished_at", "name": "name",
+         "status": "status", "owner": "owner", "val/acc (last)": "metric:val/acc", "val/loss (last)": "metric:val/loss"}
+
+
+def flash(message: str, kind: str = "success") -> None:
+    st.session_state.setdefault(K("flash"), []).append((kind, message))
+
+
+def show_flash() -> None:
+    for kind, message in st.session_state.pop(K("flash"), []):
+        getattr(st, kind)(message)
+
+
+def filters() -> dict:
+    owners, tags = queries.owners_and_tags()
+    a, b, c, d, e, g = st.columns([2, 1.2, 1.2, 2, 1.3, 0.8], vertical_alignment="bottom")
+    status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status")
+    tag = b.selectbox("Tag", tags, index=None, key=K("tag"), placeholder="any tag")
+    owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone")
+    text = d.text_input("Search", key=K("text"), placeholder="name or id…")
+    sort = e.selectbox("Sort by", list(SORTS), key=K("sort"))
+    descending = g.toggle("Desc.", value=True, key=K("desc"))
+    return {"status": status, "tag": [tag] if tag else [], "owner": owner, "text": text.strip() or None,
+            "sort": SORTS[sort], "descending": descending}
+
+
+def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "name": r.name, "status": f.status_label(r.status), "progress": r.progress or 0.0, "best": f.best_text(r),
+        "owner": r.owner, "worker": r.worker_id or "", "duration": f.seconds(f.duration_s(r)),
+        "tags": list(r.tags), "created": r.created_at, "open": f"run?id={r.id}", "id": r.id,
+    } for r in runs], columns=["name", "status", "progress", "best", "owner", "worker", "duration", "tags",
+                               "created", "open", "id"])
+
+
+COLUMNS = {
+    "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+    "tags": st.column_config.ListColumn("tags"),
+    "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+    "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small"),
+}
+
+
+def table(query: dict, offset: int, limit: int) -> list[RunRecord]:
+    """The page's rows; returns the selected runs."""
+    page = queries.runs_page(**query, limit=limit, offset=offset)
+    st.caption(f"{page.total:,} run(s) match · showing {offset + 1 if page.runs else 0:,}–"
+               f"{offset + len(page.runs):,}")
+    df = frame_of(page.runs)
+    state = st.dataframe(df, hide_index=True, column_config=COLUMNS, on_select="rerun", selection_mode="multi-row",
+                         key=K("table"), width="stretch", height=min(38 + 35 * max(len(df), 1), 740))
+    rows = state.selection.rows if state is not None else []
+    return [page.runs[i] for i in rows if i < len(page.runs)]
+
+
+def action_bar(selected: list[RunRecord]) -> None:
+    n = len(selected)
+    cols = st.columns(6)
+    ids = [r.id for r in selected]
+    if cols[0].button("Open", disabled=n != 1, icon=":material/open_in_new:", key=K("open"), width="stretch"):
+        frame.open_run(ids[0])
+    if cols[1].button("Cancel", disabled=not any(not r.finished for r in selected), icon=":material/stop_circle:",
+                      key=K("cancel"), width="stretch"):
+        for r in selected:
+            if not r.finished:
+                services.cancel(r.id, engine=queries.engine())
+        queries.clear()
+        flash(f"cancel requested for {sum(not r.finished for r in selected)} run(s)")
+        st.rerun()
+    if cols[2].button("Re-run", disabled=n == 0, icon=":material/replay:", key=K("rerun"), width="stretch"):
+        rerun(selected)
+    if cols[3].button("Clone", disabled=n != 1, icon=":material/content_copy:", key=K("clone"), width="stretch"):
+        st.switch_page(frame.NEW, query_params={"clone": ids[0]})
+    if cols[4].button("Delete", disabled=n == 0, icon=":material/delete:", key=K("delete"), width="stretch"):
+        st.session_state[K("confirm")] = ids
+        st.rerun()  # the confirmation lives outside this fragment
+    if cols[5].button("Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"):
+        st.switch_page(frame.COMPARE, query_params={"ids": ",".join(ids)})
+
+
+def rerun(selected: list[RunRecord]) -> None:
+    try:
+        new = [actions.rerun(queries.engine(), r.id) for r in selected]
+    except (RuntimeError, ValueError) as e:
+        flash(str(e), "error")
+    else:
+        flash(f"queued {len(new)} new run(s): {', '.join(r.id for r in new)}")
+    queries.clear()
+    st.rerun()
+
+
+def confirm_delete() -> None:
+    ids = st.session_state.get(K("confirm"))
+    if not ids:
+        return
+    with st.container(border=True):
+        st.warning(f"Delete {len(ids)} run(s) — {', '.join(ids)} — with their metrics, events and artifact files? "
+                   "This cannot be undone.", icon=":material/warning:")
+        a, b, _ = st.columns([1, 1, 4])
+        if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
+            refused = [msg for run_id in ids if (msg := actions.delete(queries.engine(), run_id))]
+            st.session_state.pop(K("confirm"))
+            queries.clear()
+            flash(f"deleted {len(ids) - len(refused)} run(s)")
+            for msg in refused:
+                flash(msg, "error")
+            st.rerun()
+        if b.button("Keep", key=K("confirm_no")):
+            st.session_state.pop(K("confirm"))
+            st.rerun()
+
+
+def main() -> None:
+    st.title("Runs")
+    show_flash()
+    query = filters()
+    limit = 50
+    total = queries.runs_page(**query, limit=1).total
+    if total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text")):
+        st.info("No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
+                icon=":material/info:")
+        st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
+        return
+    pages = max(1, -(-total // limit))
+    page_no = st.pagination(pages, key=K("page")) if pages > 1 else 1
+    offset = (min(page_no, pages) - 1) * limit
+    running = queries.runs_page(**query, limit=limit, offset=offset).runs
+    live = any(not r.finished for r in running)
+
+    @st.fragment(run_every=max(queries.REFRESH_S, 2.0) if live else None)
+    def body() -> None:
+        selected = table(query, offset, limit)
+        action_bar(selected)
+
+    body()
+    confirm_delete()
+
+
+main()

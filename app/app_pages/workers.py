@@ -1,0 +1,76 @@
+"""Workers: who is alive (heartbeat age), their devices and utilisation, what each is running, and
+the queue with each queued run's position."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app.ui import fmt as f
+from app.ui import frame, queries
+from db.types import RunRecord, WorkerRecord
+
+K = frame.page_state("workers")
+STALE_S = 30.0  # a worker heartbeats every few seconds; this much silence means it is gone
+
+
+def devices_text(w: WorkerRecord) -> str:
+    out = []
+    for d in w.devices:
+        if d.get("kind") == "gpu":
+            util = f" {d['util']:.0f}%" if isinstance(d.get("util"), (int, float)) else ""
+            mem = f" {d['mem_mb']:,.0f} MB" if isinstance(d.get("mem_mb"), (int, float)) else ""
+            out.append(f"GPU {d.get('index', '?')}{util}{mem}")
+        else:
+            out.append(f"CPU × {d.get('cores', '?')}")
+    return ", ".join(out) or "–"
+
+
+def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
+    rows = []
+    for w in workers:
+        age = f.age_s(w.heartbeat_at)
+        rows.append({"state": "alive" if age is not None and age < STALE_S else "silent", "worker": w.id,
+                     "host": w.hostname, "queues": ", ".join(w.queues), "devices": devices_text(w),
+                     "heartbeat age": f.seconds(age), "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
+                     "up since": w.started_at})
+    return pd.DataFrame(rows)
+
+
+def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
+    """Position in its own queue (cpu or gpu): the order a worker of that queue takes them."""
+    seen: dict[str, int] = {}
+    rows = []
+    for r in queued:
+        queue = "cpu" if r.spec.get("device") == "cpu" else "gpu"
+        seen[queue] = seen.get(queue, 0) + 1
+        rows.append({"position": seen[queue], "queue": queue, "run": r.name, "status": f.status_label(r.status),
+                     "owner": r.owner, "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})
+    return pd.DataFrame(rows)
+
+
+@st.fragment(run_every=3.0)
+def live() -> None:
+    workers = queries.workers()
+    if not workers:
+        st.info("No worker has registered yet. Start one with `torchdeck worker` (or `make up`, which starts one).",
+                icon=":material/info:")
+    else:
+        st.dataframe(workers_frame(workers), hide_index=True, width="stretch", column_config={
+            "current run": st.column_config.LinkColumn("current run", display_text=r"run\?id=(.*)"),
+            "up since": st.column_config.DatetimeColumn("up since", format="YYYY-MM-DD HH:mm")})
+    st.subheader("Queue")
+    queued = queries.queued_runs()
+    if not queued:
+        st.caption("The queue is empty.")
+        return
+    st.dataframe(queue_frame(queued), hide_index=True, width="stretch", column_config={
+        "open": st.column_config.LinkColumn("open", display_text="open ↗")})
+
+
+def main() -> None:
+    st.title("Workers")
+    live()
+
+
+main()

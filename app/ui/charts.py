@@ -1,0 +1,153 @@
+"""Plotly figures. Every live figure carries a `uirevision` that stays the same across refreshes,
+so zoom, pan and legend selections survive new data; it changes only when the meaning of the axes
+does (another run, another x-axis)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import plotly.graph_objects as go
+
+X_MODES = ("step", "epoch", "time")
+X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start"}
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+
+
+@dataclass
+class Trace:
+    name: str
+    x: Sequence[float]
+    y: Sequence[float]
+    markers: bool = False  # per-epoch metrics: few points, show them
+    color: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def smooth(values: Sequence[float], weight: float) -> list[float]:
+    """Debiased exponential moving average (TensorBoard's smoothing); NaNs pass through."""
+    if weight <= 0:
+        return list(values)
+    out, last, n = [], 0.0, 0
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(v)
+            continue
+        last, n = last * weight + (1 - weight) * v, n + 1
+        out.append(last / (1 - weight**n))
+    return out
+
+
+def step_mapper(anchors: Sequence[tuple[int, int, float]], mode: str, started: float | None,
+                steps_per_epoch: float | None = None):
+    """A function steps → x for `mode`, from (step, epoch, wall_time) anchors (see queries.epoch_anchors).
+    Beyond the last anchor the last rate is extrapolated."""
+    if mode == "step":
+        return lambda steps: list(steps)
+    if mode == "epoch":
+        ends = [(s, e) for s, e, _ in anchors if e]
+        xs = [0.0] + [float(s) for s, _ in ends]
+        ys = [0.0] + [float(e) for _, e in ends]
+        slope = 1.0 / steps_per_epoch if steps_per_epoch else (ys[-1] / xs[-1] if xs[-1] else 0.0)
+    else:
+        pts = sorted((float(s), w - (started or anchors[0][2])) for s, _, w in anchors) if anchors else []
+        xs = [0.0] + [p[0] for p in pts]
+        ys = [0.0] + [p[1] for p in pts]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 and xs[-1] > xs[-2] else 0.0
+
+    def to_x(steps: Sequence[int]) -> list[float]:
+        s = np.asarray(steps, dtype=float)
+        out = np.interp(s, xs, ys)
+        beyond = s > xs[-1]
+        out[beyond] = ys[-1] + (s[beyond] - xs[-1]) * slope
+        return out.tolist()
+
+    return to_x
+
+
+def line_figure(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: str, smoothing: float = 0.0,
+                log_y: bool = False, height: int = 300) -> go.Figure:
+    data = []
+    for i, t in enumerate(traces):
+        color = t.color or PALETTE[i % len(PALETTE)]
+        # numpy arrays: Plotly validates a list element by element (10× slower for 20 × 500 points).
+        x, y = np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+        if smoothing > 0 and not t.markers and len(y) > 2:
+            data.append(go.Scatter(x=x, y=y, name=f"{t.name} (raw)", mode="lines", showlegend=False,
+                                   line={"color": color, "width": 1}, opacity=0.25, hoverinfo="skip",
+                                   legendgroup=t.name))
+            y = np.asarray(smooth(y.tolist(), smoothing), dtype=float)
+        data.append(go.Scatter(x=x, y=y, name=t.name, legendgroup=t.name,
+                               mode="lines+markers" if t.markers else "lines",
+                               line={"color": color, "width": 2}, marker={"size": 6}, **t.extra))
+    fig = go.Figure(data=data)
+    # Title on top, legend in its own row under it (long per-layer legends never cover the title).
+    fig.update_layout(title={"text": title, "font": {"size": 14}, "y": 0.98, "yanchor": "top"}, height=height,
+                      uirevision=uirevision, margin={"l": 10, "r": 10, "t": 64, "b": 10}, hovermode="x unified",
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
+                              "font": {"size": 11}})
+    fig.update_xaxes(title_text=x_title)
+    if log_y:
+        fig.update_yaxes(type="log")
+    else:
+        _flat_range(fig, [v for t in traces for v in t.y])
+    return fig
+
+
+def _flat_range(fig: go.Figure, ys: Sequence[float]) -> None:
+    """A constant series (a fixed learning rate) would get Plotly's default ±1 range, which draws
+    0.001 as if it were 0; centre the axis on the value instead."""
+    finite = [v for v in ys if v is not None and math.isfinite(v)]
+    if not finite:
+        return
+    lo, hi = min(finite), max(finite)
+    if hi - lo <= 1e-9 * max(abs(hi), 1e-300):
+        pad = abs(hi) * 0.5 if hi else 1.0
+        fig.update_yaxes(range=[hi - pad, hi + pad])
+
+
+def confusion_figure(matrix: Sequence[Sequence[int]], names: Sequence[str], uirevision: str) -> go.Figure:
+    m = np.asarray(matrix, dtype=float)
+    rows = m.sum(axis=1, keepdims=True)
+    share = np.divide(m, rows, out=np.zeros_like(m), where=rows > 0)
+    labels = [str(n) for n in names]
+    fig = go.Figure(go.Heatmap(z=share.tolist(), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
+                               text=m.astype(int).tolist(), texttemplate="%{text}", colorbar={"title": "row share"},
+                               hovertemplate="true %{y} → predicted %{x}: %{text} (%{z:.1%})<extra></extra>"))
+    fig.update_layout(title={"text": "Confusion matrix (validation)", "font": {"size": 14}}, height=420,
+                      uirevision=uirevision, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig.update_xaxes(title_text="predicted", type="category")
+    fig.update_yaxes(title_text="true", type="category", autorange="reversed")
+    return fig
+
+
+def bar_figure(title: str, names: Sequence[str], values: Sequence[float], *, y_title: str, uirevision: str,
+               percent: bool = False, height: int = 320) -> go.Figure:
+    fig = go.Figure(go.Bar(x=[str(n) for n in names], y=list(values), marker_color=PALETTE[0],
+                           texttemplate="%{y:.1%}" if percent else "%{y}", textposition="outside"))
+    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=height, uirevision=uirevision,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, range=[0, 1.08] if percent else None)
+    return fig
+
+
+def parallel_figure(columns: dict[str, Sequence], metric: str, metric_values: Sequence[float]) -> go.Figure:
+    """Hyperparameters (numeric, or categorical mapped to ticks) against one metric, coloured by it."""
+    dims = []
+    for name, values in columns.items():
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            dims.append({"label": name, "values": [float(v) for v in values]})
+        else:
+            cats = sorted({str(v) for v in values})
+            dims.append({"label": name, "values": [cats.index(str(v)) for v in values],
+                         "tickvals": list(range(len(cats))), "ticktext": cats})
+    clean = [v if v is not None and math.isfinite(v) else float("nan") for v in metric_values]
+    dims.append({"label": metric, "values": clean})
+    fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": clean, "colorscale": "Viridis", "showscale": True,
+                                                        "colorbar": {"title": metric}}))
+    fig.update_layout(height=380, margin={"l": 60, "r": 60, "t": 50, "b": 20})
+    return fig

@@ -1,0 +1,221 @@
+"""Uploaded ImageFolder datasets: check a zip, store it under $TORCHDECK_HOME/datasets, register it.
+
+An upload is untrusted. Refused, each with a message that says what to fix: anything that is not
+a zip; entries that would land outside the target folder (absolute paths, `..`, links: zip-slip);
+archives that inflate beyond the limits or at an absurd ratio (zip bombs; sizes are counted while
+extracting, not believed from the headers); files that are not images (by extension and by
+decoding them); fewer than two classes; images outside a class folder. Nothing is written outside
+the datasets folder, and a refused upload leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from sqlalchemy import Engine
+
+from db import repo
+from db.engine import data_home
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+MAX_UPLOAD_MB = int(os.environ.get("TORCHDECK_MAX_UPLOAD_MB", "200"))
+MAX_UNPACKED_MB = int(os.environ.get("TORCHDECK_MAX_UNPACKED_MB", "2048"))
+MAX_FILES = 200_000
+MAX_RATIO = 200  # images barely compress; text-like ratios this high are bombs
+_IGNORED = ("__MACOSX/", ".DS_Store", "Thumbs.db", "desktop.ini")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class UploadRefused(ValueError):
+    """Why an upload was refused, in words a user can act on."""
+
+
+@dataclass
+class Layout:
+    root: str  # "" or the single top folder inside the zip ("pets/")
+    members: dict[str, list[zipfile.ZipInfo]] = field(default_factory=dict)  # class -> image entries
+
+
+def datasets_root() -> Path:
+    root = (data_home() / "datasets").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def check_name(name: str) -> str:
+    name = name.strip()
+    if not _NAME.match(name):
+        raise UploadRefused("dataset names use letters, digits, '-', '_' and '.', start with a letter or digit "
+                            "and are at most 64 characters")
+    return name
+
+
+def _ignored(name: str) -> bool:
+    return name.startswith("__MACOSX/") or PurePosixPath(name).name.startswith(".") or \
+        PurePosixPath(name).name in _IGNORED
+
+
+def _check_entry(info: zipfile.ZipInfo) -> None:
+    name = info.filename
+    parts = PurePosixPath(name).parts
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts or "\\" in name:
+        raise UploadRefused(f"unsafe path in the archive: {name!r} would be written outside the dataset folder "
+                            "(absolute paths and '..' are refused)")
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        raise UploadRefused(f"the archive contains a symbolic link ({name!r}); links are refused")
+    if info.flag_bits & 0x1:
+        raise UploadRefused(f"{name!r} is encrypted; upload an unencrypted zip")
+
+
+def inspect(zf: zipfile.ZipFile) -> Layout:
+    """Check every entry's name and declared size, and find the class folders."""
+    infos = [i for i in zf.infolist() if not i.is_dir() and not _ignored(i.filename)]
+    if not infos:
+        raise UploadRefused("the archive holds no files")
+    if len(infos) > MAX_FILES:
+        raise UploadRefused(f"the archive holds {len(infos):,} files; at most {MAX_FILES:,} are accepted")
+    declared = 0
+    for i in infos:
+        _check_entry(i)
+        declared += i.file_size
+        if i.file_size > 1 << 20 and i.compress_size and i.file_size / i.compress_size > MAX_RATIO:
+            raise UploadRefused(f"{i.filename!r} inflates {i.file_size / i.compress_size:.0f}× — refused as a zip bomb")
+    if declared > MAX_UNPACKED_MB << 20:
+        raise UploadRefused(f"the archive unpacks to {declared / 2**20:,.0f} MB; the limit is {MAX_UNPACKED_MB:,} MB")
+    tops = {PurePosixPath(i.filename).parts[0] for i in infos}
+    one_folder = len(tops) == 1 and all(len(PurePosixPath(i.filename).parts) >= 3 for i in infos)
+    layout = Layout(root=f"{tops.pop()}/" if one_folder else "")
+    not_images, loose = [], []
+    for i in infos:
+        parts = PurePosixPath(i.filename[len(layout.root):]).parts
+        if len(parts) < 2:
+            loose.append(i.filename)
+        elif not i.filename.lower().endswith(IMAGE_EXTENSIONS):
+            not_images.append(i.filename)
+        else:
+            layout.members.setdefault(parts[0], []).append(i)
+    if loose:
+        raise UploadRefused(f"files outside a class folder: {', '.join(loose[:5])}. An ImageFolder zip holds one "
+                            "folder per class (cat/1.jpg, dog/2.jpg), optionally inside one top folder")
+    if not_images:
+        raise UploadRefused(f"{len(not_images)} file(s) are not images ({', '.join(not_images[:5])}); accepted: "
+                            f"{', '.join(IMAGE_EXTENSIONS)}")
+    if len(layout.members) < 2:
+        found = next(iter(layout.members), "none")
+        raise UploadRefused(f"a classifier needs at least two classes, this archive has one class folder ({found!r}); "
+                            "put each class's images in its own folder")
+    return layout
+
+
+def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: list[int]) -> None:
+    """Copy while counting real bytes: headers can lie about sizes."""
+    while chunk := src.read(1 << 16):
+        budget[0] -= len(chunk)
+        if budget[0] < 0:
+            raise UploadRefused(f"the archive unpacks to more than {MAX_UNPACKED_MB:,} MB — refused as a zip bomb")
+        dst.write(chunk)
+
+
+def _verify_image(path: Path) -> str | None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        return f"{path.parent.name}/{path.name}: {e.__class__.__name__}"
+    return None
+
+
+def extract(zf: zipfile.ZipFile, layout: Layout, target: Path) -> dict[str, int]:
+    """Write the class folders into `target` (which must be empty); returns images per class."""
+    budget = [MAX_UNPACKED_MB << 20]
+    counts: dict[str, int] = {}
+    bad: list[str] = []
+    for cls, infos in sorted(layout.members.items()):
+        folder = target / cls
+        folder.mkdir(parents=True, exist_ok=True)
+        for info in infos:
+            dest = (target / info.filename[len(layout.root):]).resolve()
+            if target not in dest.parents:  # belt and braces after _check_entry
+                raise UploadRefused(f"unsafe path in the archive: {info.filename!r}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(dest, "wb") as dst:
+                _copy_limited(src, dst, budget)
+            problem = _verify_image(dest)
+            if problem:
+                bad.append(problem)
+        counts[cls] = len(infos)
+    if bad:
+        raise UploadRefused(f"{len(bad)} file(s) could not be read as images: {'; '.join(bad[:5])}")
+    return counts
+
+
+def store_upload(engine: Engine, name: str, data: IO[bytes], size: int) -> repo.DatasetRecord:
+    """Check, extract and register an uploaded zip. Raises UploadRefused; leaves nothing on refusal."""
+    name = check_name(name)
+    if size > MAX_UPLOAD_MB << 20:
+        raise UploadRefused(f"the upload is {size / 2**20:,.1f} MB; the limit is {MAX_UPLOAD_MB:,} MB")
+    if any(d.name == name for d in repo.list_datasets(engine)):
+        raise UploadRefused(f"a dataset named {name!r} exists already; choose another name")
+    root = datasets_root()
+    final = root / name
+    if final.exists():
+        raise UploadRefused(f"the folder {final} exists already; choose another name")
+    if not zipfile.is_zipfile(data):
+        raise UploadRefused("this is not a zip archive")
+    data.seek(0)
+    tmp = Path(tempfile.mkdtemp(prefix=".upload-", dir=root)).resolve()
+    try:
+        with zipfile.ZipFile(data) as zf:
+            layout = inspect(zf)
+            counts = extract(zf, layout, tmp)
+        tmp.rename(final)
+    except zipfile.BadZipFile as e:
+        raise UploadRefused(f"the zip archive is damaged: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready")
+
+
+def remove(engine: Engine, dataset_id: str) -> None:
+    uri = repo.delete_dataset(engine, dataset_id)
+    path = Path(uri).resolve()
+    if datasets_root() in path.parents:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def preview_files(folder: Path, per_class: int = 4, max_classes: int = 12) -> Iterator[tuple[str, Path]]:
+    """A few images of each class, for the preview grid."""
+    classes = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    for cls in classes[:max_classes]:
+        files = sorted(p for p in cls.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)[:per_class]
+        for f in files:
+            yield cls.name, f
+
+
+def builtin_datasets() -> list[dict[str, object]]:
+    """The datasets a run can use without an upload, and whether each is available here."""
+    data_dir = Path(os.environ.get("TORCHDECK_DATA") or "data")
+    rows: list[dict[str, object]] = [
+        {"name": "digits", "images": "1,797", "classes": "10", "size": "8×8 gray", "available": True,
+         "source": "scikit-learn's load_digits (ships inside the package)"},
+        {"name": "synthetic", "images": "2000 (data.num_samples)", "classes": "10 (data.num_classes)",
+         "size": "32×32 (data.size)", "available": True, "source": "generated from class templates + noise"},
+    ]
+    for name, images, classes, size, folder in (("mnist", 70000, 10, "28×28 gray", "MNIST"),
+                                                 ("fashion_mnist", 70000, 10, "28×28 gray", "FashionMNIST"),
+                                                 ("cifar10", 60000, 10, "32×32 RGB", "cifar-10-batches-py")):
+        rows.append({"name": name, "images": f"{images:,}", "classes": str(classes), "size": size,
+                     "available": (data_dir / folder).exists(),
+                     "source": f"torchvision, from {data_dir / folder} (or data.download with internet)"})
+    return rows

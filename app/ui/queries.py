@@ -1,0 +1,204 @@
+"""Database reads of the dashboard. One engine per database URL (st.cache_resource); the
+reads that may be shared between reruns are cached briefly (st.cache_data with a TTL) and keyed
+by the database URL, so two databases in one process never share answers.
+
+Live views (a running run's charts) bypass the caches: they ask the database for the new
+points only (`since_step`), which is cheaper than any cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import streamlit as st
+from sqlalchemy import Engine, select
+
+from db import repo
+from db.engine import connection_scope, database_url, make_engine
+from db.models import Metric, Run, RunTag
+from db.types import (
+    DatasetRecord,
+    EventRecord,
+    RunPage,
+    RunRecord,
+    Series,
+    WorkerRecord,
+)
+
+# A live view polls this often (seconds); a metric is visible within about this long after
+# its worker's sink flushed it. TORCHDECK_UI_REFRESH_S tunes it for slow shared machines.
+REFRESH_S = float(os.environ.get("TORCHDECK_UI_REFRESH_S", "1.0"))
+ACTIVE_STATUSES = ("queued", "running", "lost")
+
+
+def db_url() -> str:
+    return database_url()
+
+
+@st.cache_resource(show_spinner=False)
+def _engine(url: str) -> Engine:
+    return make_engine(url)
+
+
+def engine() -> Engine:
+    return _engine(db_url())
+
+
+def clear() -> None:
+    """After a write (submit, cancel, delete...): the next read must see it."""
+    st.cache_data.clear()
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _runs_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
+               sort: str, descending: bool, limit: int, offset: int) -> RunPage:
+    return repo.list_runs(_engine(url), status=status or None, tag=tag or None, owner=owner, text=text,
+                          sort=sort, descending=descending, limit=limit, offset=offset)
+
+
+def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
+              text: str | None = None, sort: str = "created_at", descending: bool = True,
+              limit: int = 50, offset: int = 0) -> RunPage:
+    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sort, descending, limit, offset)
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def _owners_and_tags(url: str) -> tuple[list[str], list[str]]:
+    with connection_scope(_engine(url)) as conn:
+        owners = sorted(conn.execute(select(Run.owner).distinct()).scalars())
+        tags = sorted(conn.execute(select(RunTag.tag).distinct()).scalars())
+    return owners, tags
+
+
+def owners_and_tags() -> tuple[list[str], list[str]]:
+    return _owners_and_tags(db_url())
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _run(url: str, run_id: str) -> RunRecord | None:
+    try:
+        return repo.get_run(_engine(url), run_id)
+    except repo.RunNotFound:
+        return None
+
+
+def run(run_id: str, fresh: bool = False) -> RunRecord | None:
+    """A run or None. `fresh` skips the cache (live views)."""
+    if fresh:
+        try:
+            return repo.get_run(engine(), run_id)
+        except repo.RunNotFound:
+            return None
+    return _run(db_url(), run_id)
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _metric_keys(url: str, run_id: str, finished_at: Any) -> list[str]:
+    return repo.metric_keys(_engine(url), run_id)
+
+
+def metric_keys(r: RunRecord) -> list[str]:
+    if r.finished:
+        return _metric_keys(db_url(), r.id, r.finished_at)
+    return repo.metric_keys(engine(), r.id)
+
+
+@st.cache_data(ttl=600, show_spinner=False, max_entries=512)
+def _final_series(url: str, run_id: str, key: str, finished_at: Any, max_points: int) -> Series:
+    return repo.series(_engine(url), run_id, key, max_points=max_points)
+
+
+def final_series(r: RunRecord, key: str, max_points: int = 2000) -> Series:
+    """A finished run's series never changes: cached for long, keyed by when it finished."""
+    return _final_series(db_url(), r.id, key, r.finished_at, max_points)
+
+
+@st.cache_data(ttl=10, show_spinner=False, max_entries=64)
+def _compare(url: str, run_ids: tuple[str, ...], keys: tuple[str, ...], max_points: int) -> repo.Comparison:
+    return repo.compare(_engine(url), list(run_ids), list(keys), max_points=max_points)
+
+
+def compare(run_ids: Sequence[str], keys: Sequence[str], max_points: int = 1000) -> repo.Comparison:
+    return _compare(db_url(), tuple(run_ids), tuple(keys), max_points)
+
+
+@st.cache_data(ttl=30, show_spinner=False, max_entries=64)
+def _union_keys(url: str, run_ids: tuple[str, ...]) -> list[str]:
+    keys: set[str] = set()
+    for run_id in run_ids:
+        keys.update(repo.metric_keys(_engine(url), run_id))
+    return sorted(keys)
+
+
+def union_keys(run_ids: Sequence[str]) -> list[str]:
+    return _union_keys(db_url(), tuple(run_ids))
+
+
+def events(run_id: str, after_id: int = 0, limit: int = 2000) -> list[EventRecord]:
+    return repo.list_events(engine(), run_id, after_id=after_id, limit=limit)
+
+
+@st.cache_data(ttl=3, show_spinner=False)
+def _artifacts(url: str, run_id: str) -> list[repo.ArtifactRecord]:
+    return repo.list_artifacts(_engine(url), run_id)
+
+
+def artifacts(run_id: str) -> list[repo.ArtifactRecord]:
+    return _artifacts(db_url(), run_id)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _workers(url: str) -> list[WorkerRecord]:
+    return repo.list_workers(_engine(url))
+
+
+def workers() -> list[WorkerRecord]:
+    return _workers(db_url())
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _datasets(url: str) -> list[DatasetRecord]:
+    return repo.list_datasets(_engine(url))
+
+
+def datasets() -> list[DatasetRecord]:
+    return _datasets(db_url())
+
+
+def queued_runs(limit: int = 1000) -> list[RunRecord]:
+    """Queued (and lost, waiting to be re-delivered) runs, oldest first: the order workers take them."""
+    page = repo.list_runs(engine(), status=["queued", "lost"], sort="created_at", descending=False, limit=limit)
+    return list(page.runs)
+
+
+def epoch_anchors(run_id: str) -> list[tuple[int, int, float]]:
+    """(step, epoch, wall_time) at the end of each epoch, plus the first and last logged training
+    step (epoch 0: not an epoch end): enough to map steps onto epochs and seconds. Reads a few
+    rows by primary key."""
+    m = Metric.__table__
+    base = select(m.c.step, m.c.epoch, m.c.wall_time).where(m.c.run_id == run_id)
+    with connection_scope(engine()) as conn:
+        ends = list(conn.execute(base.where(m.c.key == "epoch_time_s").order_by(m.c.step)))
+        first = conn.execute(base.where(m.c.key == "train/loss").order_by(m.c.step).limit(1)).first()
+        last = conn.execute(base.where(m.c.key == "train/loss").order_by(m.c.step.desc()).limit(1)).first()
+    # Training steps anchor time only (epoch 0 = "not an epoch end"); epoch ends win on a shared step.
+    rows = [(r[0], 0, r[2]) for r in (first, last) if r is not None] + [tuple(r) for r in ends]
+    return sorted({int(s): (int(s), int(e or 0), float(w)) for s, e, w in rows}.values())
+
+
+def metrics_csv(run_id: str) -> bytes:
+    """Every stored point of a run as CSV (key, step, epoch, value, wall_time): what pandas reads (S-P5)."""
+    import csv
+    import io
+
+    m = Metric.__table__
+    query = (select(m.c.key, m.c.step, m.c.epoch, m.c.value, m.c.wall_time)
+             .where(m.c.run_id == run_id).order_by(m.c.key, m.c.step))
+    buf = io.StringIO()
+    out = csv.writer(buf)
+    out.writerow(["key", "step", "epoch", "value", "wall_time"])
+    with connection_scope(engine()) as conn:
+        for key, step, epoch, value, wall in conn.execute(query):
+            out.writerow([key, step, "" if epoch is None else epoch, "nan" if value is None else repr(value), wall])
+    return buf.getvalue().encode()

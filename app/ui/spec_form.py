@@ -1,0 +1,157 @@
+"""The RunSpec form: one widget per schema field (see ui/schema.py), grouped, with the schema's
+default and description, and a slot under each widget where that field's error appears.
+
+Widget state lives in page-scoped session-state keys (`nr.f.<dotted field>`), which is also how a
+preset, an uploaded YAML or a cloned run fills the form: write the keys, then render."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import streamlit as st
+
+from app.ui.schema import FIELDS, GROUPS, FormField, flatten, set_path
+
+PREFIX = "nr.f."
+_OPTBOOL = {"auto": None, "on": True, "off": False}
+
+
+def key(path: str) -> str:
+    return PREFIX + path
+
+
+def _to_widget(f: FormField, value: Any) -> Any:
+    if f.kind == "optbool":
+        return next(k for k, v in _OPTBOOL.items() if v == value)
+    if f.kind == "str":
+        return "" if value is None else str(value)
+    if f.kind == "intlist":
+        return ", ".join(str(v) for v in value or [])
+    if f.kind == "multichoice":
+        return list(value or [])
+    if f.kind == "float" and value is not None:
+        return float(value)
+    return value
+
+
+def fill(spec: dict[str, Any]) -> None:
+    """Put a spec (nested dict, possibly partial) into the form's widgets."""
+    for path, value in flatten(spec).items():
+        f = _by_path(path)
+        if f.kind == "pair":
+            a, b = value if value is not None else f.default
+            st.session_state[key(path) + ".0"], st.session_state[key(path) + ".1"] = float(a), float(b)
+        else:
+            st.session_state[key(path)] = _to_widget(f, value)
+
+
+def ensure_defaults() -> bool:
+    """First visit (or back after another page, which drops widget state): every widget starts at
+    the schema default, set through session state so that no widget gets both a value and a state.
+    Returns whether the form was reset."""
+    if key("seed") in st.session_state:
+        return False
+    fill({})
+    return True
+
+
+def _by_path(path: str) -> FormField:
+    return next(f for f in FIELDS if f.path == path)
+
+
+def _float_step(f: FormField) -> float:
+    d = f.default if isinstance(f.default, (int, float)) and f.default else 0.01
+    return 10 ** math.floor(math.log10(abs(d)))
+
+
+def _widget(f: FormField) -> None:
+    k, label, helptext = key(f.path), f.label, f.help
+    if f.kind == "bool":
+        st.checkbox(label, key=k, help=helptext)
+    elif f.kind == "optbool":
+        st.selectbox(label, list(_OPTBOOL), key=k, help=helptext)
+    elif f.kind == "choice":
+        st.selectbox(label, list(f.options), key=k, help=helptext)
+    elif f.kind == "multichoice":
+        st.multiselect(label, list(f.options), key=k, help=helptext)
+    elif f.kind == "int":
+        st.number_input(label, min_value=_int(f.min), max_value=_int(f.max), step=1, key=k, help=helptext,
+                        placeholder="none" if f.optional else None)
+    elif f.kind == "float":
+        st.number_input(label, min_value=f.min, max_value=f.max, step=_float_step(f), format="%g", key=k,
+                        help=helptext)
+    elif f.kind == "pair":
+        a, b = st.columns(2)
+        a.number_input(f"{label} (1)", step=0.001, format="%g", key=k + ".0", help=helptext)
+        b.number_input(f"{label} (2)", step=0.001, format="%g", key=k + ".1", help=helptext)
+    elif f.kind == "intlist":
+        st.text_input(label, key=k, help=helptext + " Comma-separated, e.g. 10, 20.")
+    else:
+        st.text_input(label, key=k, help=helptext, placeholder="none" if f.optional else None)
+
+
+def _int(v: float | None) -> int | None:
+    return None if v is None else int(v)
+
+
+def render_group(group: str, slots: dict[str, Any], columns: int = 3) -> None:
+    """The widgets of one group in `columns` columns, each followed by its error slot."""
+    fields = [f for f in FIELDS if f.group == group]
+    cols = st.columns(columns)
+    for i, f in enumerate(fields):
+        with cols[i % columns]:
+            _widget(f)
+            slots[f.path] = st.empty()
+
+
+def render(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All groups (call inside a st.form); returns the error slots by field path."""
+    slots: dict[str, Any] = {}
+    for group in GROUPS:
+        with st.container(border=True):
+            st.markdown(f"**{group}**")
+            if extra and group in extra:
+                extra[group]()
+            render_group(group, slots)
+    return slots
+
+
+def read() -> tuple[dict[str, Any], dict[str, str]]:
+    """The form's values as a nested spec dict, and fields that could not even be parsed."""
+    spec: dict[str, Any] = {}
+    bad: dict[str, str] = {}
+    for f in FIELDS:
+        try:
+            value = _from_widget(f)
+        except ValueError as e:
+            bad[f.path] = str(e)
+            continue
+        set_path(spec, f.path, value)
+    return spec, bad
+
+
+def _from_widget(f: FormField) -> Any:
+    k = key(f.path)
+    if f.kind == "pair":
+        return [st.session_state.get(k + ".0"), st.session_state.get(k + ".1")]
+    v = st.session_state.get(k)
+    if f.kind == "optbool":
+        return _OPTBOOL.get(v)
+    if f.kind == "str":
+        v = (v or "").strip()
+        return v or (None if f.optional else "")
+    if f.kind == "intlist":
+        parts = [p.strip() for p in (v or "").replace(";", ",").split(",") if p.strip()]
+        try:
+            return [int(p) for p in parts]
+        except ValueError:
+            raise ValueError("whole numbers separated by commas, e.g. 10, 20") from None
+    return v
+
+
+def show_errors(slots: dict[str, Any], by_field: dict[str, list[str]]) -> None:
+    for path, messages in by_field.items():
+        slot = slots.get(path)
+        if slot is not None:
+            slot.error("; ".join(messages), icon=":material/error:")

@@ -1,0 +1,234 @@
+"""Dashboard benchmark: three figures a user feels.
+
+    python benchmarks/bench_app.py            # full sizes
+    python benchmarks/bench_app.py --quick    # 1k runs, 20 × 10k points, 10 latency samples
+
+Prints `name=value` lines:
+- runs_page_ms_10k: server time to render the Runs page (Streamlit's AppTest, caches cleared
+  before each render, median of 5) over 10,000 runs with summary metrics. Target ≤ 1,000 ms.
+- run_page_ms_20x100k: the Compare page of 20 runs × 100,000 points each (train/loss, plus val/loss
+  and val/acc per epoch), from navigation inside the app until every chart is drawn with its 20
+  traces in Chromium (Playwright), median of 5, nothing cached on the server. The first visit of a
+  fresh browser (a full page load that also compiles Plotly) is printed as a comment. Target ≤ 2,000 ms.
+- live_latency_s_p95: a metric written through the worker's DB sink (worker/sink.py, flushing every
+  0.5 s as in a run) until the Run page open in Chromium draws it; p95 over the samples. Target ≤ 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import Engine, insert
+
+from core.config import RunSpec
+from db import repo
+from db.engine import connection_scope, make_engine
+from db.metrics import prepare, write_batch
+from db.migrate import upgrade
+from db.models import Run
+from db.types import MetricPoint, utcnow
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SPEC = RunSpec.model_validate({"data": {"name": "digits", "image_size": 16}, "train": {"epochs": 10}}).model_dump(mode="json")
+
+
+def emit(name: str, value: float) -> None:
+    print(f"{name}={value:.4g}", flush=True)
+
+
+def seed_runs(engine: Engine, n: int) -> None:
+    """n finished runs with summaries and a few metric points each (bulk inserts, not timed)."""
+    now = utcnow()
+    for first in range(0, n, 1000):
+        ids = [f"r{i:011d}" for i in range(first, min(first + 1000, n))]
+        with connection_scope(engine, write=True) as conn:
+            conn.execute(insert(Run), [{
+                "id": run_id, "name": f"run-{run_id}", "owner": ("ana", "bo", "chen")[i % 3], "status": "completed",
+                "spec": SPEC, "spec_hash": "0" * 64, "created_at": now, "started_at": now, "finished_at": now,
+                "attempt": 1, "progress": 1.0, "summary": {"best": {"metric": "val/acc", "value": 0.9, "epoch": 7}},
+                "cancel_requested": False, "worker_id": "cpu@bench"} for i, run_id in enumerate(ids)])
+            for j, run_id in enumerate(ids):
+                points = [MetricPoint(k, s, (j % 97) / 97 + s / 100) for k in ("val/loss", "val/acc") for s in range(10)]
+                write_batch(conn, prepare(run_id, points))
+
+
+def runs_page_ms(n_runs: int) -> float:
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    engine = make_engine()
+    seed_runs(engine, n_runs)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at.switch_page("app_pages/runs.py").run()  # imports and engine warmed, as in a live server
+    assert any(f"{n_runs:,} run(s) match" in c.value for c in at.caption), [c.value for c in at.caption]
+    times = []
+    for _ in range(5):
+        st.cache_data.clear()
+        t0 = time.perf_counter()
+        at.run()
+        times.append((time.perf_counter() - t0) * 1000)
+    assert not at.exception
+    return statistics.median(times)
+
+
+def seed_series(engine: Engine, n_runs: int, n_points: int) -> list[str]:
+    ids = []
+    epochs = 10
+    per_epoch = n_points // epochs
+    for i in range(n_runs):
+        spec = {**SPEC, "optim": {**SPEC["optim"], "lr": 0.001 * (1 + i)}}
+        r = repo.create_run(engine, spec, name=f"lr-{i:02d}")
+        repo.claim_run(engine, r.id, "cpu@bench", device="cpu")
+        for first in range(1, n_points + 1, 50_000):
+            steps = range(first, min(first + 50_000, n_points + 1))
+            repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, 2.3 / (1 + s * (1 + i) / 5e4) + (s % 7) / 100,
+                                                            1 + (s - 1) // per_epoch, 1.7e9 + s / 100) for s in steps])
+        repo.append_metrics(engine, r.id, [MetricPoint(k, e * per_epoch, v, e, 1.7e9 + e * per_epoch / 100)
+                                           for e in range(1, epochs + 1)
+                                           for k, v in (("val/loss", 1 / e), ("val/acc", 0.9 - 0.2 / e + i / 1000),
+                                                        ("epoch_time_s", 10.0))])
+        repo.finish_run(engine, r.id, "completed", summary={"best": {"metric": "val/acc", "value": 0.9, "epoch": 10}})
+        ids.append(r.id)
+    return ids
+
+
+class Server:
+    """`streamlit run app/main.py` on a free port, as `torchdeck up` starts the UI."""
+
+    def __init__(self, home: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "TORCHDECK_HOME": str(home)}
+        self.log = open(home / "ui.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"),
+                                      "--server.port", str(self.port), "--server.headless", "true",
+                                      "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(self.url + "/_stcore/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.25)
+        raise RuntimeError("streamlit did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.log.close()
+
+
+DRAWN_JS = """([n, traces]) => {
+    const plots = Array.from(document.querySelectorAll('.js-plotly-plot'))
+        .filter(gd => !(gd.data && gd.data[0] && gd.data[0].type === 'parcoords'));  // the hyperparameter tab
+    return plots.length >= n && plots.every(gd => gd._fullData && gd.data.length >= traces
+        && gd.querySelectorAll('.scatterlayer .trace').length >= traces);
+}"""
+
+
+NAVIGATE_JS = """(url) => { window.history.pushState({}, '', url);
+    window.dispatchEvent(new PopStateEvent('popstate', {state: {}})); }"""
+
+
+def compare_page_ms(page, server: Server, ids: list[str], repeats: int = 5) -> tuple[float, float]:
+    """(first visit, median in-app visit) in ms.
+
+    First visit: a full page load in a fresh browser, which also downloads and compiles the chart
+    library (Plotly, loaded lazily by Streamlit). In-app visit: the way users move between pages
+    (the page's URL changes inside the running app, as the sidebar and the Runs page's Compare
+    button do), in a tab that has drawn a chart before. Each in-app visit lists the 20 runs in
+    another order, so the server never answers from its cache."""
+    def drawn(n_runs: int, t0: float) -> float:
+        page.wait_for_function(DRAWN_JS, arg=[3, n_runs], timeout=120_000, polling=20)
+        return (time.perf_counter() - t0) * 1000
+
+    page.goto(server.url + "/workers")  # the server warm (imports, engine); the browser without Plotly yet
+    page.get_by_text("Queue").first.wait_for(timeout=120_000)
+    t0 = time.perf_counter()
+    page.goto(f"{server.url}/compare?ids={','.join(ids[:2])}")
+    first = drawn(2, t0)
+    times = []
+    for k in range(repeats):
+        order = ids[k:] + ids[:k]
+        t0 = time.perf_counter()
+        page.evaluate(NAVIGATE_JS, f"/compare?ids={','.join(order)}")
+        times.append(drawn(len(ids), t0))
+    return first, statistics.median(times)
+
+
+def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> float:
+    from worker.sink import DbSink
+
+    r = repo.create_run(engine, SPEC, name="live")
+    repo.claim_run(engine, r.id, "cpu@bench", device="cpu")
+    sink = DbSink(engine, r.id, "cpu@bench")
+    sink.metrics(1, 1, {"train/loss": 2.3})
+    page.goto(f"{server.url}/run?id={r.id}")
+    last_x = """() => { for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+        const t = (gd._fullData || []).find(d => d.name === 'train/loss');
+        if (t && t.x.length) return t.x[t.x.length - 1]; } return -1; }"""
+    page.wait_for_function(f"({last_x})() >= 1", timeout=120_000)
+    latencies = []
+    for i in range(samples):
+        step = 2 + i
+        time.sleep(0.37 * (i % 4))  # writes land at every phase of the page's refresh cycle
+        t0 = time.perf_counter()
+        sink.metrics(step, 1, {"train/loss": 2.3 / step})
+        page.wait_for_function(f"({last_x})() >= {step}", timeout=30_000, polling=20)
+        latencies.append(time.perf_counter() - t0)
+    sink.close()
+    return statistics.quantiles(latencies, n=20)[-1] if len(latencies) >= 2 else latencies[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n_runs, n_points, samples = (1_000, 10_000, 10) if args.quick else (10_000, 100_000, 20)
+    with tempfile.TemporaryDirectory(prefix="torchdeck-bench-app-") as tmp:
+        os.environ["TORCHDECK_HOME"] = tmp
+        os.environ.pop("TORCHDECK_DATABASE_URL", None)
+        upgrade()
+        emit(f"runs_page_ms_{n_runs // 1000}k", runs_page_ms(n_runs))
+    with tempfile.TemporaryDirectory(prefix="torchdeck-bench-app-") as tmp:
+        os.environ["TORCHDECK_HOME"] = tmp
+        upgrade()
+        engine = make_engine()
+        t0 = time.perf_counter()
+        ids = seed_series(engine, 20, n_points)
+        print(f"# seeded 20 runs × {n_points:,} points in {time.perf_counter() - t0:.0f} s", flush=True)
+        server = Server(Path(tmp))
+        from playwright.sync_api import sync_playwright
+
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1400, "height": 1200})
+                first, returning = compare_page_ms(page, server, ids)
+                print(f"# first visit, full page load of a fresh browser (downloads and compiles Plotly; 2 runs): "
+                      f"{first:.0f} ms", flush=True)
+                emit(f"run_page_ms_20x{n_points // 1000}k", returning)
+                emit("live_latency_s_p95", live_latency_p95(page, server, engine, samples))
+                browser.close()
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""A user's whole path through the dashboard, in a real browser against the real stack: configure a
+digits run in the form, launch it, watch the loss chart grow, see it finish, download the ONNX file
+(and run it with onnxruntime), clone it with another learning rate, launch, compare the two."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FINAL = ("completed", "early stopped", "failed", "diverged", "cancelled")
+pytestmark = pytest.mark.timeout(420)
+
+
+def widget(page, key: str):
+    return page.locator(f".st-key-{key.replace('.', '-')}")
+
+
+def set_number(page, key: str, value) -> None:
+    box = widget(page, key).locator("input")
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def set_formats(page, formats: list[str]) -> None:
+    box = widget(page, "nr.f.export.formats").locator("input")
+    box.click()
+    for _ in range(4):
+        box.press("Backspace")
+    for fmt in formats:
+        box.fill(fmt)
+        box.press("Enter")
+    page.keyboard.press("Escape")
+
+
+def points(page, chart: str, trace: str) -> int:
+    """How many points a trace of a Plotly chart holds in the browser right now."""
+    return page.evaluate("""([chart, trace]) => {
+        for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+            const title = ((gd.layout && gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, '');
+            if (title !== chart) continue;
+            // _fullData: decoded arrays (gd.data holds numpy arrays as base64)
+            const t = (gd._fullData || []).find(d => d.name === trace);
+            if (t) return t.x.length;
+        }
+        return 0; }""", [chart, trace])
+
+
+def status(page) -> str:
+    heads = page.locator("[data-testid='stMarkdown'] h4").all_inner_texts()
+    return " ".join(heads).strip()
+
+
+def wait_status(page, wanted: tuple[str, ...], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = status(page)
+        if any(w in s for w in wanted):
+            return s
+        page.wait_for_timeout(500)
+    raise AssertionError(f"status stayed {status(page)!r}, wanted one of {wanted}")
+
+
+def shot(page, shots: Path, name: str) -> None:
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(shots / name), full_page=True)
+
+
+def launch_from_form(page) -> str:
+    page.get_by_role("button", name="Launch run").click()
+    page.wait_for_url(re.compile(r".*/run\?id=\w+"), timeout=60_000)
+    return page.url.split("id=")[1].split("&")[0]
+
+
+def fill_digits_form(page) -> None:
+    widget(page, "nr.f.name").locator("input").fill("e2e-digits")
+    set_number(page, "nr.f.data.image_size", 16)
+    set_number(page, "nr.f.train.epochs", 3)  # long enough to watch: 540 steps, 270 logged
+    set_number(page, "nr.f.train.batch_size", 8)
+    set_number(page, "nr.f.train.log_every", 2)
+    set_formats(page, ["onnx"])
+
+
+def watch_it_grow(page, shots: Path) -> None:
+    """While the run trains, the loss chart gets new points without reloading the page."""
+    wait_status(page, ("running",) + FINAL, 120)
+    first = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first == 0:
+        first = points(page, "Loss", "train/loss")
+        page.wait_for_timeout(300)
+    assert first > 0, "no training loss drawn while running"
+    page.screenshot(path=str(shots / "03-run-live.png"), full_page=True)  # at once: the run is short
+    grown = first
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and grown <= first and "running" in status(page):
+        page.wait_for_timeout(300)
+        grown = points(page, "Loss", "train/loss")
+    assert grown > first, f"the loss chart did not grow ({first} → {grown} points)"
+
+
+def download_onnx(page, tmp_path: Path) -> Path:
+    page.get_by_role("tab", name="Artifacts").click()
+    row = page.locator("[data-testid='stHorizontalBlock']", has_text="ONNX (.onnx)").last
+    with page.expect_download(timeout=60_000) as dl:
+        row.get_by_role("button", name="Download", exact=True).click()
+    path = tmp_path / "model.onnx"
+    dl.value.save_as(path)
+    return path
+
+
+def export_now(page) -> None:
+    """'Export now' re-exports the finished run in a subprocess; the new TorchScript file is listed."""
+    box = widget(page, "run.export_fmt." + page.url.split("id=")[1]).locator("input")
+    box.click()
+    box.fill("torchscript")  # next to the ONNX export already there
+    box.press("Enter")
+    page.keyboard.press("Escape")
+    page.get_by_role("button", name="Export now").click()
+    page.get_by_text("Export verified").wait_for(timeout=180_000)
+    page.get_by_text("TorchScript (.ts)").wait_for()
+
+
+def check_onnx_runs(path: Path) -> None:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inp = session.get_inputs()[0]
+    x = np.random.default_rng(0).standard_normal((2, 1, 16, 16)).astype(np.float32)
+    (logits,) = session.run(None, {inp.name: x})
+    assert logits.shape == (2, 10) and np.isfinite(logits).all()
+
+
+def test_configure_launch_watch_clone_compare_download(stack, browser, shots, tmp_path):
+    page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
+    page.set_default_timeout(60_000)
+    try:
+        user_path(page, stack, shots, tmp_path)
+    except BaseException:
+        page.screenshot(path=str(shots / "zz-failure.png"), full_page=True)
+        raise
+
+
+def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
+    page.goto(stack["url"])
+    page.get_by_text("No runs yet").wait_for()
+    shot(page, shots, "01-runs-empty.png")
+
+    page.goto(stack["url"] + "/new")
+    page.get_by_role("button", name="Launch run").wait_for()
+    fill_digits_form(page)
+    shot(page, shots, "02-new-run-form.png")
+    first = launch_from_form(page)
+    page.get_by_role("heading", name="e2e-digits").wait_for()
+    watch_it_grow(page, shots)
+    final = wait_status(page, FINAL, 240)
+    assert "completed" in final or "early stopped" in final, final + "\n" + stack["log"].read_text()[-3000:]
+    page.get_by_role("tab", name="Charts").click()
+    shot(page, shots, "04-run-finished.png")
+    onnx = download_onnx(page, tmp_path)
+    check_onnx_runs(onnx)
+    export_now(page)
+    shot(page, shots, "05-run-artifacts.png")
+
+    page.get_by_role("tab", name="Charts").click()
+    page.get_by_role("button", name="Clone").click()
+    page.get_by_text("Form filled from clone of e2e-digits").wait_for()
+    widget(page, "nr.f.name").locator("input").fill("e2e-digits-lr3e-3")
+    set_number(page, "nr.f.optim.lr", 0.003)
+    set_formats(page, [])  # the clone needs no export: it is here to be compared
+    second = launch_from_form(page)
+    assert second != first
+    wait_status(page, FINAL, 240)
+
+    page.goto(stack["url"])
+    page.get_by_text("2 run(s) match").wait_for()
+    shot(page, shots, "06-runs.png")
+    page.goto(f"{stack['url']}/compare?ids={first},{second}")
+    page.get_by_text("Curves as CSV").wait_for()
+    deadline = time.monotonic() + 30
+    while points(page, "val/acc", "e2e-digits-lr3e-3") == 0 and time.monotonic() < deadline:
+        page.wait_for_timeout(300)
+    assert points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0
+    shot(page, shots, "07-compare.png")
+    page.get_by_role("tab", name="Hyperparameters").click()
+    page.locator(".js-plotly-plot .parcoords").first.wait_for(state="attached")
+    shot(page, shots, "08-compare-hyperparameters.png")
+    page.get_by_role("tab", name="Spec diff").click()
+    page.get_by_text("Differences only").wait_for()  # the table itself is a canvas: its text is not in the DOM
+    shot(page, shots, "09-compare-spec-diff.png")
+
+    page.goto(stack["url"] + "/workers")
+    # the grid draws on a canvas; its accessible (hidden) cells say whether the worker is alive
+    page.locator("td[role='gridcell']", has_text="alive").first.wait_for(state="attached")
+    shot(page, shots, "10-workers.png")
+    page.goto(stack["url"] + "/datasets")
+    page.get_by_text("Built in").wait_for()
+    shot(page, shots, "11-datasets.png")
