@@ -172,6 +172,35 @@ def compare_page_ms(page, server: Server, ids: list[str], repeats: int = 5) -> t
     return first, statistics.median(times)
 
 
+LAST_STEP_JS = """() => { for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const t = (gd._fullData || []).find(d => d.name === 'train/loss');
+    if (t && t.x.length) return t.x[t.x.length - 1]; } return -1; }"""
+
+
+def _chart_frame(page, timeout_s: float = 120):
+    """The frame of the live Loss chart (the Run page draws live charts in component frames)."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for frame in page.frames:
+            try:
+                if frame.evaluate(LAST_STEP_JS) >= 1:
+                    return frame
+            except PlaywrightError:  # frames come and go while the page loads
+                continue
+        time.sleep(0.1)
+    raise TimeoutError("the Run page never drew train/loss")
+
+
+def _wait_step(frame, step: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while frame.evaluate(LAST_STEP_JS) < step:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"step {step} not drawn within {timeout_s} s")
+        time.sleep(0.02)
+
+
 def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> float:
     from worker.sink import DbSink
 
@@ -180,17 +209,14 @@ def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> floa
     sink = DbSink(engine, r.id, "cpu@bench")
     sink.metrics(1, 1, {"train/loss": 2.3})
     page.goto(f"{server.url}/run?id={r.id}")
-    last_x = """() => { for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-        const t = (gd._fullData || []).find(d => d.name === 'train/loss');
-        if (t && t.x.length) return t.x[t.x.length - 1]; } return -1; }"""
-    page.wait_for_function(f"({last_x})() >= 1", timeout=120_000)
+    frame = _chart_frame(page)
     latencies = []
     for i in range(samples):
         step = 2 + i
         time.sleep(0.37 * (i % 4))  # writes land at every phase of the page's refresh cycle
         t0 = time.perf_counter()
         sink.metrics(step, 1, {"train/loss": 2.3 / step})
-        page.wait_for_function(f"({last_x})() >= {step}", timeout=30_000, polling=20)
+        _wait_step(frame, step)
         latencies.append(time.perf_counter() - t0)
     sink.close()
     return statistics.quantiles(latencies, n=20)[-1] if len(latencies) >= 2 else latencies[0]

@@ -10,6 +10,7 @@ from app import services
 from app.ui import actions, frame, queries, run_charts, run_view
 from app.ui import fmt as f
 from app.ui.charts import X_MODES
+from app.ui.live_chart import live_charts
 
 K = frame.page_state("run")
 
@@ -78,7 +79,7 @@ def chart_controls() -> tuple[str, float, int]:
     return xmode, smoothing, cols
 
 
-def live_charts(run_id: str, xmode: str, smoothing: float, ncols: int) -> None:
+def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int) -> None:
     r = queries.run(run_id, fresh=True)
     if r is None:
         return
@@ -87,9 +88,7 @@ def live_charts(run_id: str, xmode: str, smoothing: float, ncols: int) -> None:
     if not figs:
         st.info("No metrics yet: the first points arrive after the first logged step.", icon=":material/hourglass:")
         return
-    cols = st.columns(ncols)
-    for i, (title, fig) in enumerate(figs):
-        cols[i % ncols].plotly_chart(fig, key=K(f"chart.{title}"), config={"displaylogo": False})
+    live_charts(figs, columns=ncols, key=K("charts"))  # updated in place: zoom and legend survive refreshes
     held = run_charts.LiveSeries.of(r.id).steps.get("train/loss", []) if not r.finished else []
     st.caption(f"{len(keys)} metric keys" + (f" · last step {held[-1]}" if held else ""))
 
@@ -120,6 +119,10 @@ def main() -> None:
         return
     active = not r.finished
     every = queries.REFRESH_S if active else None
+    if active:
+        # Streamlit fades the elements of a fragment while it reruns; refreshed every second, the
+        # live parts would spend half their time faded although nothing in them is out of date.
+        st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
     header(r)
     buttons(r)
     st.fragment(live_status, run_every=every)(r.id, active)
@@ -130,7 +133,7 @@ def main() -> None:
     if charts_tab.open is not False:
         with charts_tab:
             xmode, smoothing, ncols = chart_controls()
-            st.fragment(live_charts, run_every=every)(r.id, xmode, smoothing, ncols)
+            st.fragment(charts_view, run_every=every)(r.id, xmode, smoothing, ncols)
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)

@@ -91,7 +91,7 @@ def line_figure(title: str, traces: Sequence[Trace], *, x_title: str, uirevision
                               "font": {"size": 11}})
     fig.update_xaxes(title_text=x_title)
     if log_y:
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", dtick=1, exponentformat="power")  # one label per decade
     else:
         _flat_range(fig, [v for t in traces for v in t.y])
     return fig

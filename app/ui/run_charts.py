@@ -47,7 +47,8 @@ CHARTS: tuple[ChartSpec, ...] = (
     ChartSpec("System: memory (MB)", ("sys/rss_mb",), (), system=True, smooth=False),
 )
 EPOCH_KEYS = ("train/epoch_loss", "train/acc", "val/", "epoch_time_s", "mem/peak_mb", "lr_epoch", "data_wait_epoch")
-MAX_POINTS = 2000
+MAX_POINTS = 2000  # a finished run's charts
+LIVE_POINTS = 1000  # a running run's, redrawn every refresh: half the work for the browser
 
 
 def per_epoch(key: str) -> bool:
@@ -82,11 +83,11 @@ class LiveSeries:
         engine = queries.engine()
         for key in keys:
             held = self.steps.get(key)
-            if not held or len(held) > 3 * MAX_POINTS:  # first fetch, or time to re-downsample
-                s = repo.series(engine, self.run_id, key, max_points=MAX_POINTS)
+            if not held or len(held) > 2 * LIVE_POINTS:  # first fetch, or time to re-downsample
+                s = repo.series(engine, self.run_id, key, max_points=LIVE_POINTS)
                 self.steps[key], self.values[key] = list(s.steps), list(s.values)
                 continue
-            s = repo.series(engine, self.run_id, key, since_step=held[-1], max_points=MAX_POINTS)
+            s = repo.series(engine, self.run_id, key, since_step=held[-1], max_points=LIVE_POINTS)
             held.extend(s.steps)
             self.values[key].extend(s.values)
 

@@ -115,11 +115,16 @@ def _decoded(value: Any) -> Any:
 
 
 def plotly_figures(at: Any) -> dict[str, dict]:
-    """The page's Plotly figures by title (the parallel-coordinates one as "parallel")."""
+    """The page's Plotly figures by title (the parallel-coordinates one as "parallel"): those of
+    st.plotly_chart and those of the live-chart component (app/ui/live_chart.py)."""
     import json
 
+    specs = [el.proto.spec for el in at.get("plotly_chart")]
+    specs += [chart["spec"] for el in at.get("component_instance")
+              if el.proto.component_name.endswith("torchdeck_live_chart")
+              for chart in json.loads(el.proto.json_args)["charts"]]
     out = {}
-    for el in at.get("plotly_chart"):
-        fig = _decoded(json.loads(el.proto.spec))
+    for spec in specs:
+        fig = _decoded(json.loads(spec))
         out[fig["layout"].get("title", {}).get("text", "parallel")] = fig
     return out

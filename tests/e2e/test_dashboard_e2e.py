@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 FINAL = ("completed", "early stopped", "failed", "diverged", "cancelled")
 pytestmark = pytest.mark.timeout(420)
@@ -36,17 +37,28 @@ def set_formats(page, formats: list[str]) -> None:
     page.keyboard.press("Escape")
 
 
+POINTS_JS = """([chart, trace]) => {
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+        const title = ((gd.layout && gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, '');
+        if (title !== chart) continue;
+        // _fullData: decoded arrays (gd.data holds numpy arrays as base64)
+        const t = (gd._fullData || []).find(d => d.name === trace);
+        if (t) return t.x.length;
+    }
+    return 0; }"""
+
+
 def points(page, chart: str, trace: str) -> int:
-    """How many points a trace of a Plotly chart holds in the browser right now."""
-    return page.evaluate("""([chart, trace]) => {
-        for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-            const title = ((gd.layout && gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, '');
-            if (title !== chart) continue;
-            // _fullData: decoded arrays (gd.data holds numpy arrays as base64)
-            const t = (gd._fullData || []).find(d => d.name === trace);
-            if (t) return t.x.length;
-        }
-        return 0; }""", [chart, trace])
+    """How many points a trace of a Plotly chart holds in the browser right now (live charts live in
+    their own component frame, the others in the page)."""
+    for frame in page.frames:
+        try:
+            n = frame.evaluate(POINTS_JS, [chart, trace])
+        except PlaywrightError:  # a frame that navigated or closed meanwhile
+            continue
+        if n:
+            return n
+    return 0
 
 
 def status(page) -> str:
@@ -78,7 +90,7 @@ def launch_from_form(page) -> str:
 def fill_digits_form(page) -> None:
     widget(page, "nr.f.name").locator("input").fill("e2e-digits")
     set_number(page, "nr.f.data.image_size", 16)
-    set_number(page, "nr.f.train.epochs", 3)  # long enough to watch: 540 steps, 270 logged
+    set_number(page, "nr.f.train.epochs", 5)  # long enough to watch: 900 steps, 450 logged
     set_number(page, "nr.f.train.batch_size", 8)
     set_number(page, "nr.f.train.log_every", 2)
     set_formats(page, ["onnx"])
@@ -92,13 +104,17 @@ def watch_it_grow(page, shots: Path) -> None:
     while time.monotonic() < deadline and first == 0:
         first = points(page, "Loss", "train/loss")
         page.wait_for_timeout(300)
-    assert first > 0, "no training loss drawn while running"
+    assert first > 0 and "running" in status(page), "no training loss drawn while running"
     page.screenshot(path=str(shots / "03-run-live.png"), full_page=True)  # at once: the run is short
     grown = first
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and grown <= first and "running" in status(page):
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and grown <= first:
         page.wait_for_timeout(300)
         grown = points(page, "Loss", "train/loss")
+        if "running" not in status(page):  # finished meanwhile: its last refresh must still add points
+            page.wait_for_timeout(3000)
+            grown = points(page, "Loss", "train/loss")
+            break
     assert grown > first, f"the loss chart did not grow ({first} → {grown} points)"
 
 
