@@ -1,11 +1,13 @@
-"""The multi-resolution rollup of metric series, computed in Python at append time.
+"""The multi-resolution rollup of metric series, computed at append time, before
+the write transaction (numpy for the finest level, Python for the coarser ones).
 
 Level `L` groups steps into buckets of `2**L` steps (`bucket = step >> L`).
 Levels FINEST_LEVEL..COARSEST_LEVEL are kept, one level per power of two, so
 that for any series some level has between half and all of the buckets a chart
 asks for. Each new batch of points is aggregated once at the finest level and
 each coarser level is merged from the one below, so the work is about 1.1
-passes over the batch, not one pass per level.
+passes over the batch, not one pass per level. The rows are merged into
+the stored ones by one upsert statement per few hundred rows (db.metrics).
 
 Series of up to db.series.RAW_DOWNSAMPLE_LIMIT points are downsampled from the
 raw points instead, which is why no finer level is kept: finer levels would
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import repeat
 from math import isfinite
+from operator import rshift
 from typing import Any
+
+import numpy as np
 
 FINEST_LEVEL = 4
 # 2**24 steps per bucket x ~1,000 buckets covers runs of 16 billion steps.
@@ -39,25 +45,47 @@ ROW_COLUMNS = (
 def bucket_points(steps: list[int], values: list[float], level: int) -> list[list[Any]]:
     """Aggregate one series' new points (`steps` sorted and unique) into buckets at `level`.
 
-    Works bucket by bucket with C-level builtins (bisect, min, max on slices)
-    rather than point by point: this runs on every appended point.
+    Vectorised with numpy: this runs on every appended point, and with 16
+    steps to a bucket at the finest level, min/max/index over Python slices
+    bucket by bucket cost more than writing the points to SQLite.
     """
-    if not all(map(isfinite, values)):
+    if not isfinite(sum(values)) and not all(map(isfinite, values)):
         return _bucket_points_with_nonfinite(steps, values, level)
-    out: list[list[Any]] = []
-    n, i, width = len(steps), 0, 1 << level
-    while i < n:
-        first = steps[i]
-        bucket = first >> level
-        # A bucket holds at most `width` distinct steps: bound the search.
-        j = bisect_left(steps, (bucket + 1) << level, i, min(n, i + width))
-        chunk = values[i:j]
-        low, high = min(chunk), max(chunk)
-        # .index finds the first occurrence in the bucket: the earliest step.
-        out.append([bucket, j - i, 0, steps[i + chunk.index(low)], low,
-                    steps[i + chunk.index(high)], high, first, chunk[0], steps[j - 1], chunk[-1]])
-        i = j
-    return out
+    n = len(steps)
+    v = np.array(values, dtype=np.float64)
+    starts = _bucket_starts(steps, level)
+    lasts = np.append(starts[1:], n) - 1
+    lows = np.minimum.reduceat(v, starts)
+    highs = np.maximum.reduceat(v, starts)
+    counts = lasts - starts + 1
+    # Ties: the earliest point holding a bucket's extreme wins, as with list.index.
+    low_at = _first_true(v == np.repeat(lows, counts), starts)
+    high_at = _first_true(v == np.repeat(highs, counts), starts)
+    at = steps.__getitem__  # steps stay Python ints: they may not fit numpy's int64 arithmetic
+    first_steps = list(map(at, starts.tolist()))
+    last_steps = list(map(at, lasts.tolist()))
+    return list(map(list, zip(
+        map(rshift, first_steps, repeat(level)), counts.tolist(), repeat(0),
+        map(at, low_at.tolist()), lows.tolist(), map(at, high_at.tolist()), highs.tolist(),
+        first_steps, v[starts].tolist(), last_steps, v[lasts].tolist(),
+    )))
+
+
+def _bucket_starts(steps: list[int], level: int) -> np.ndarray:
+    """The index of each bucket's first point in `steps` (sorted, unique)."""
+    n, width = len(steps), 1 << level
+    if steps[-1] - steps[0] == n - 1:  # consecutive steps, the usual case: no need to look
+        first_full = -steps[0] % width
+        return np.concatenate(([0], np.arange(first_full or width, n, width)))
+    buckets = np.array(steps, dtype=np.uint64) >> np.uint64(level)
+    return np.concatenate(([0], np.flatnonzero(buckets[1:] != buckets[:-1]) + 1))
+
+
+def _first_true(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """For each bucket (starting at `starts`), the index of its first true in `mask`;
+    every bucket has one."""
+    hits = np.flatnonzero(mask)
+    return hits[np.searchsorted(hits, starts)]
 
 
 def _bucket_points_with_nonfinite(steps: list[int], values: list[float], level: int) -> list[list[Any]]:
@@ -111,10 +139,9 @@ def coarsen(aggs: list[list[Any]], shift: int) -> list[list[Any]]:
     return out
 
 
-def rollup_rows(
-    run_id: str, series: Iterable[tuple[str, list[int], list[float]]]
-) -> list[tuple[Any, ...]]:
-    """Rollup rows, in ROW_COLUMNS order, for new points; an upsert merges them into stored rows.
+def rollup_rows(series: Iterable[tuple[str, list[int], list[float]]]) -> list[tuple[Any, ...]]:
+    """Rollup rows, in ROW_COLUMNS order less the run id, for new points; an
+    upsert merges them into stored rows.
 
     `series` yields (key, steps sorted and unique, values). Rows come out
     ordered by (key, level, bucket) so concurrent writers lock rows in the same order.
@@ -127,7 +154,7 @@ def rollup_rows(
         for level in LEVELS:
             if level > FINEST_LEVEL:
                 aggs = coarsen(aggs, 1)
-            rows += [(run_id, level, key, *agg) for agg in aggs]
+            rows += [(level, key, *agg) for agg in aggs]
         whole = coarsen(aggs, WHOLE_SERIES_LEVEL - COARSEST_LEVEL)
-        rows += [(run_id, WHOLE_SERIES_LEVEL, key, *agg) for agg in whole]
+        rows += [(WHOLE_SERIES_LEVEL, key, *agg) for agg in whole]
     return rows

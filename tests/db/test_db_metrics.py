@@ -193,3 +193,38 @@ def test_numpy_like_numbers_are_accepted(engine: Engine) -> None:
     point = MetricPoint("loss", Scalar(3), Scalar(0.25))  # type: ignore[arg-type]
     assert repo.append_metrics(engine, run.id, [point]) == 1
     assert repo.series(engine, run.id, "loss").values == (0.25,)
+
+
+def test_a_large_mixed_batch_is_stored_exactly(engine: Engine) -> None:
+    """Sizes that cross the bulk statements' row counts, several keys, non-finite values among them."""
+    run = repo.create_run(engine, SPEC)
+    special = {7: math.nan, 600: math.inf, 1400: -math.inf}
+    points = [MetricPoint(key, s, special.get(s, s * 0.5) if key == "a" else -s, epoch=s // 100,
+                          wall_time=1000.0 + s)
+              for key, n in (("a", 1537), ("b", 513), ("c", 1)) for s in range(n)]
+    assert repo.append_metrics(engine, run.id, points) == 1537 + 513 + 1
+    stored = _stored(engine, run.id)
+    expected = [(p.key, p.step, p.epoch, None if isinstance(p.value, float) and math.isnan(p.value) else p.value,
+                 p.step in special and p.key == "a") for p in sorted(points, key=lambda p: (p.key, p.step))]
+    assert [(k, s, e, v, bool(f)) for k, s, e, v, f in stored] == expected
+    summary = repo.get_run(engine, run.id).metrics
+    assert (summary["a"].count, summary["a"].nonfinite, summary["a"].max_value) == (1537, 3, 1536 * 0.5)
+    assert (summary["b"].count, summary["b"].min_value, summary["b"].min_step) == (513, -512, 512)
+    assert repo.append_metrics(engine, run.id, points) == 0
+
+
+def test_a_batch_retried_after_a_rollback_is_written_whole(engine: Engine) -> None:
+    from db.metrics import prepare, write_batch
+
+    run = repo.create_run(engine, SPEC)
+    repo.append_metrics(engine, run.id, _points(100))
+    batch = prepare(run.id, _points(200))  # half of it already stored
+    with pytest.raises(RuntimeError), connection_scope(engine, write=True) as conn:
+        assert write_batch(conn, batch) == 100
+        raise RuntimeError("the transaction fails after the write")
+    with connection_scope(engine, write=True) as conn:
+        conn.execute(text("DELETE FROM metric WHERE run_id = :r"), {"r": run.id})
+        conn.execute(text("DELETE FROM metric_rollup WHERE run_id = :r"), {"r": run.id})
+    with connection_scope(engine, write=True) as conn:
+        assert write_batch(conn, batch) == 200
+    assert repo.get_run(engine, run.id).metrics["train/loss"].count == 200
