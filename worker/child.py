@@ -136,16 +136,32 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     from core.train import run_training
     from db.engine import make_engine
     from db.repo import finish_run, get_run
+    from db.store import StoreError
+    from worker.artifacts import fetch_checkpoints, localize_dataset
     from worker.sink import DbSink
 
     settings = WorkerSettings()
     engine = make_engine(db_url)
-    sink = DbSink(engine, run_id, worker_id, settings)
+    out, store_error = settings.run_dir(run_id), None
+    try:
+        store = settings.store()
+    except StoreError as e:  # a wrong TORCHDECK_ARTIFACTS: the run fails saying so
+        store, store_error = None, e
+    sink = DbSink(engine, run_id, worker_id, settings, store=store, run_dir=out)
     monitor = SystemMonitor(sink, settings.sys_metrics_s).start()
     try:
+        if store_error is not None:
+            raise store_error
         run = retrying(lambda: get_run(engine, run_id), "read the run")
         spec = RunSpec.model_validate(run.spec)
-        out = settings.run_dir(run_id)
+        if sink.uploader is not None:
+            # Another host may have run the earlier attempts: resume from the checkpoint in the store,
+            # and read an uploaded dataset from the store when its folder is not on this host.
+            for path in fetch_checkpoints(store, run_id, out):
+                sink.uploader.mark_present(path)
+                sink.event("lifecycle", "info", f"fetched {path.name} from {store.url} to resume",
+                           {"code": "checkpoint_fetched"})
+        spec = localize_dataset(spec, store, engine) if store is not None else spec
         resume = (out / "checkpoints" / "last.pt").is_file()
         summary = run_training(spec, out, sink, RunControl(sink, term), resume=resume)
         status, error = summary["status"], summary.get("error")

@@ -18,7 +18,15 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from db.repo import EventInput, MetricPoint, add_artifact, append_events, append_metrics, heartbeat
+from db.repo import (
+    EventInput,
+    MetricPoint,
+    add_artifact,
+    append_events,
+    append_metrics,
+    heartbeat,
+)
+from db.store import ArtifactStore, StoredObject
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.sink")
@@ -37,12 +45,20 @@ def file_sha256(path: Path) -> str:
 class DbSink:
     """Buffered Sink + Control for one run. `close()` flushes everything (retrying) before returning."""
 
-    def __init__(self, engine: Engine, run_id: str, worker_id: str, settings: WorkerSettings | None = None):
+    def __init__(self, engine: Engine, run_id: str, worker_id: str, settings: WorkerSettings | None = None,
+                 store: ArtifactStore | None = None, run_dir: Path | None = None):
         self.engine, self.run_id, self.worker_id = engine, run_id, worker_id
         self.s = settings or WorkerSettings()
         self._points: list[MetricPoint] = []
         self._events: list[EventInput] = []
-        self._artifacts: list[tuple[str, str, dict]] = []
+        self._artifacts: list[tuple[str, str, dict, StoredObject | None]] = []
+        # Files go to the store beside the loop when it is not the local run root (worker/artifacts.py).
+        self.uploader = None
+        if store is not None and run_dir is not None:
+            from worker.artifacts import Uploader, needs_upload
+
+            if needs_upload(store, run_dir):
+                self.uploader = Uploader(store, run_id, run_dir, self._stored, self._upload_problem)
         self._progress: float | None = None
         self._cancel = False
         self._owned = True
@@ -79,9 +95,21 @@ class DbSink:
             self._events.append(ev)
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
+        if self.uploader is not None:
+            self.uploader.submit(kind, str(path), _json_safe(meta or {}))  # registered once stored
+            return
         with self._lock:
-            self._artifacts.append((kind, str(path), _json_safe(meta or {})))
+            self._artifacts.append((kind, str(path), _json_safe(meta or {}), None))
         self._wake.set()
+
+    def _stored(self, kind: str, obj: StoredObject | None, path: str, meta: dict) -> None:
+        """From the uploader: the file is in the store (or could not get there: then its local path)."""
+        with self._lock:
+            self._artifacts.append((kind, path, meta, obj))
+        self._wake.set()
+
+    def _upload_problem(self, message: str) -> None:
+        self.event("artifacts", "warning", message, {"code": "upload_failed"})
 
     def progress(self, done: int, total: int) -> None:
         self._progress = min(1.0, done / total) if total else None
@@ -105,6 +133,8 @@ class DbSink:
         return False
 
     def close(self, timeout: float = 90.0) -> None:
+        if self.uploader is not None:
+            self.uploader.close()  # every file in the store (and handed back for registration) first
         self.flush(timeout)
         self._stop.set()
         self._wake.set()
@@ -146,10 +176,14 @@ class DbSink:
                 append_events(self.engine, self.run_id, events)
                 events = []
             while artifacts:
-                kind, path, meta = artifacts[0]
-                p = Path(path)
-                size, digest = (p.stat().st_size, file_sha256(p)) if p.is_file() else (None, None)
-                add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest, meta=meta)
+                kind, path, meta, obj = artifacts[0]
+                if obj is not None:
+                    add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
+                else:
+                    p = Path(path)
+                    size, digest = (p.stat().st_size, file_sha256(p)) if p.is_file() else (None, None)
+                    add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest,
+                                 meta=meta)
                 artifacts.pop(0)
         except Exception:
             # Put back what was not written, in order, ahead of anything newer. Re-appending points

@@ -184,11 +184,52 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int) -> repo.
         raise UploadRefused(f"the zip archive is damaged: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        publish(name, final)
+    except Exception as e:  # noqa: BLE001 - any store failure refuses the upload, leaving nothing
+        shutil.rmtree(final, ignore_errors=True)
+        raise UploadRefused(f"the dataset could not be copied to the artifact store, where workers on other "
+                            f"hosts read it: {e.__class__.__name__}: {e}") from None
     return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready")
 
 
+def store_key(name: str) -> str:
+    return f"datasets/{name}.zip"  # where workers look for it (worker.artifacts.localize_dataset)
+
+
+def shared_store():
+    """The artifact store when workers elsewhere need datasets through it (an object store, or a local
+    folder outside $TORCHDECK_HOME such as a shared mount); None when they read $TORCHDECK_HOME/datasets."""
+    from app import services
+
+    store = services.artifact_store()
+    if store.is_local:
+        root, home = store.local_path("probe").parent, data_home().resolve()
+        if root == home or home in root.parents:
+            return None
+    return store
+
+
+def publish(name: str, folder: Path) -> None:
+    """Put a checked dataset in the artifact store as one zip of its class folders (images only)."""
+    store = shared_store()
+    if store is None:
+        return
+    with tempfile.TemporaryDirectory(prefix=".publish-", dir=folder.parent) as tmp:
+        archive = Path(tmp) / f"{name}.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:  # images are compressed already
+            for path in sorted(folder.rglob("*")):
+                if path.is_file() and not path.is_symlink():
+                    zf.write(path, path.relative_to(folder).as_posix())
+        store.put_file(archive, store_key(name))
+
+
 def remove(engine: Engine, dataset_id: str) -> None:
+    name = repo.get_dataset(engine, dataset_id).name
     uri = repo.delete_dataset(engine, dataset_id)
+    store = shared_store()
+    if store is not None:
+        store.delete(store_key(name))
     path = Path(uri).resolve()
     if datasets_root() in path.parents:
         shutil.rmtree(path, ignore_errors=True)

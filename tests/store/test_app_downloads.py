@@ -1,0 +1,170 @@
+"""The app's artifact service: bytes by opaque artifact id only, from the local or S3 store; deleting a
+run deletes its prefix in the store; uploaded datasets reach the store for workers on other hosts."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from app import services
+from core.config import RunSpec
+from db.engine import make_engine
+from db.migrate import upgrade
+from db.repo import (
+    ArtifactNotFound,
+    add_artifact,
+    create_run,
+    finish_run,
+    list_artifacts,
+)
+
+
+@pytest.fixture(params=("local", "s3"))
+def env(request, tmp_path, monkeypatch):
+    """A migrated SQLite database and TORCHDECK_ARTIFACTS as a local folder or an S3 bucket."""
+    monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path / "home"))
+    url = f"sqlite:///{tmp_path / 'td.db'}"
+    monkeypatch.setenv("TORCHDECK_DATABASE_URL", url)
+    if request.param == "local":
+        monkeypatch.setenv("TORCHDECK_ARTIFACTS", str(tmp_path / "artifacts"))
+    else:
+        request.getfixturevalue("s3_artifacts")
+    upgrade(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+def _run_with_onnx(engine, data: bytes = b"\x08onnx-bytes" * 1000):
+    run = create_run(engine, RunSpec().model_dump(mode="json"), name="r")
+    store = services.artifact_store()
+    obj = store.put_bytes(data, f"runs/{run.id}/export/model.onnx")
+    art = add_artifact(engine, run.id, "onnx", obj.uri, size=obj.size, sha256=obj.sha256)
+    return run, art, data
+
+
+def test_download_by_artifact_id(env):
+    _, art, data = _run_with_onnx(env)
+    assert services.read_artifact(art.id, engine=env) == data
+    record, chunks = services.iter_artifact(art.id, engine=env, chunk_size=4096)
+    assert record.id == art.id and b"".join(chunks) == data
+    record, f = services.open_artifact(art.id, engine=env)
+    with f:
+        assert f.read(5) == data[:5]
+    assert services.artifact_filename(record) == "model.onnx"
+    assert services.artifact_problem(record) is None
+
+
+BAD_IDS = ["../model.onnx", "runs/x/model.onnx", "..", "/etc/passwd", "file:///etc/passwd", "a\\b", "%2e%2e%2f",
+           "", " ", "x" * 65, "id\x00", None]
+
+
+def test_path_like_ids_are_refused(env):
+    _, art, _ = _run_with_onnx(env)
+    for bad in [*BAD_IDS, f"{art.id}/../{art.id}", f"../{art.id}"]:
+        with pytest.raises(services.InvalidArtifactId, match="not an artifact id"):
+            services.read_artifact(bad, engine=env)
+
+
+def test_unknown_id_is_refused(env):
+    _run_with_onnx(env)
+    with pytest.raises(ArtifactNotFound, match="not found"):
+        services.read_artifact("0" * 32, engine=env)
+
+
+def test_a_uri_outside_the_store_is_never_served(env, tmp_path):
+    run, _, _ = _run_with_onnx(env)
+    for uri in ("file:///etc/passwd", (tmp_path / "outside.bin").as_uri(), "s3://someone-elses-bucket/x/model.onnx",
+                "https://example.com/model.onnx"):
+        (tmp_path / "outside.bin").write_bytes(b"secret")
+        art = add_artifact(env, run.id, "onnx", uri)
+        with pytest.raises(services.ArtifactUnavailable, match="cannot be downloaded here"):
+            services.read_artifact(art.id, engine=env)
+        assert services.artifact_problem(art) == "not on this machine nor in this installation's artifact store"
+
+
+def test_a_missing_file_is_a_clear_error(env):
+    run = create_run(env, RunSpec().model_dump(mode="json"))
+    art = add_artifact(env, run.id, "onnx", services.artifact_store().uri(f"runs/{run.id}/export/gone.onnx"))
+    with pytest.raises(services.ArtifactUnavailable, match="file is gone"):
+        services.read_artifact(art.id, engine=env)
+
+
+def test_remove_deletes_the_runs_prefix_in_the_store(env):
+    run, _, _ = _run_with_onnx(env)
+    other, _, _ = _run_with_onnx(env)
+    store = services.artifact_store()
+    store.put_bytes(b"ck", f"runs/{run.id}/checkpoints/last.pt")
+    finish_run(env, run.id, "completed")
+    kwargs = {}
+    if "by" in inspect.signature(services.remove).parameters:  # sign-in and ownership (app.auth)
+        from app.auth import local_user
+
+        kwargs["by"] = local_user()
+    services.remove(run.id, engine=env, **kwargs)
+    assert store.list(f"runs/{run.id}") == []
+    assert store.list(f"runs/{other.id}") == [f"runs/{other.id}/export/model.onnx"]
+
+
+def _png(color: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _imagefolder_zip() -> io.BytesIO:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for cls, color in (("cat", 10), ("dog", 240)):
+            for i in range(3):
+                zf.writestr(f"pets/{cls}/{i}.png", _png(color + i))
+    buf.seek(0)
+    return buf
+
+
+def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypatch):
+    from app.ui import datasets as ds
+    from worker.artifacts import dataset_key, localize_dataset
+
+    data = _imagefolder_zip()
+    record = ds.store_upload(env, "pets", data, len(data.getvalue()))
+    store = services.artifact_store()
+    shared = ds.shared_store() is not None  # local store under $TORCHDECK_HOME: workers read the folder itself
+    assert store.exists(dataset_key("pets")) == shared
+    spec = RunSpec.from_dict({"data": {"name": "imagefolder", "path": record.uri}})
+    assert localize_dataset(spec, store, env) is spec  # the folder is here: used as is
+    if shared:
+        # Another host: a different $TORCHDECK_HOME, and the app's folder is not there.
+        monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path / "worker-host"))
+        moved = tmp_path / "elsewhere"
+        Path(record.uri).rename(moved)
+        local = localize_dataset(spec, store, env)
+        assert local.data.path == str(tmp_path / "worker-host" / "datasets" / ".store" / "pets.zip")
+        with zipfile.ZipFile(local.data.path) as zf:
+            assert sorted(zf.namelist()) == [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
+        Path(moved).rename(record.uri)
+    ds.remove(env, record.id)
+    assert not store.exists(dataset_key("pets"))
+
+
+def test_registered_exports_are_uploaded(env, tmp_path):
+    """'Export now' on the app host registers its files through the store too."""
+    import json
+
+    from app.ui.actions import register_exports
+
+    run = create_run(env, RunSpec().model_dump(mode="json"))
+    export = services.artifact_root() / "runs" / run.id / "export"
+    export.mkdir(parents=True)
+    (export / "model.onnx").write_bytes(b"onnx!")
+    (export / "export.json").write_text(json.dumps({"formats": {"onnx": {"ok": True}}}))
+    assert register_exports(env, run.id, export, ["onnx"]) == ["onnx", "export_report"]
+    arts = {a.kind: a for a in list_artifacts(env, run.id)}
+    assert services.read_artifact(arts["onnx"].id, engine=env) == b"onnx!"
+    assert services.artifact_store().key_of(arts["onnx"].uri) == f"runs/{run.id}/export/model.onnx"
