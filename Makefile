@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[worker,test]' 2>&1 \
 	  | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 	@touch $(STAMP)
 

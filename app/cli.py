@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from app.cli_runs import register as register_run_commands
+from app.doctor import doctor
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers.")
 
@@ -110,6 +111,7 @@ def export_cmd(
 
 _mount_optional()
 register_run_commands(app)
+app.command("doctor")(doctor)
 
 
 def main() -> None:

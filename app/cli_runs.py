@@ -99,10 +99,12 @@ def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds bet
 
 def cancel(run_id: str) -> None:
     """Cancel a run: a queued one never starts; a running one stops between steps, checkpoint kept."""
+    from app.auth import local_user
     from app.services import cancel as do_cancel
 
     _get(run_id)
-    run = do_cancel(run_id, engine=_engine())
+    # A shell with the database's credentials is the operator's: the CLI acts as an admin.
+    run = do_cancel(run_id, engine=_engine(), by=local_user())
     typer.echo(f"{run.id}: {'cancelled' if run.status == 'cancelled' else 'cancel requested (' + run.status + ')'}")
 
 
@@ -126,17 +128,32 @@ def runs(
 def worker(
     gpus: Annotated[str | None, typer.Option(help="GPU indices, e.g. 0,1: one worker process per GPU.")] = None,
     queues: Annotated[str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")] = None,
+    jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also start this host's CPU-only worker for the "
+                                       "dashboard's pre-flight and export jobs (the `jobs` queue).")] = True,
 ) -> None:
-    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one CPU worker."""
-    from app.launcher import ProcessGroup, gpu_count, worker_commands
+    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one CPU worker,
+    plus one small worker for the dashboard's jobs (pre-flight, export now)."""
+    from app.launcher import (
+        JOBS_QUEUE,
+        ProcessGroup,
+        gpu_count,
+        jobs_worker_command,
+        worker_commands,
+    )
 
     _engine()  # refuses an out-of-date schema before anything starts
     gpu_list = [int(g) for g in gpus.split(",")] if gpus else list(range(gpu_count()))
     qs = [q.strip() for q in queues.split(",")] if queues else None
     group = ProcessGroup()
+    names = []
     for cmd, env in worker_commands(gpu_list, qs):
-        typer.echo(f"starting {' '.join(cmd[cmd.index('-n') + 1:cmd.index('-n') + 2])} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})")
+        names.append(cmd[cmd.index("-n") + 1].split("@")[0])
+        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})")
         group.start("worker", cmd, env)
+    if jobs and JOBS_QUEUE not in (qs or []):
+        cmd, env = jobs_worker_command(f"jobs-{names[0]}")  # unique per `torchdeck worker` of a host
+        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (queue {JOBS_QUEUE}: pre-flight and export for the dashboard, CPU only)")
+        group.start("jobs", cmd, env)
     _wait(group)
 
 
@@ -164,7 +181,13 @@ def up(
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Start the broker and the worker only.")] = False,
 ) -> None:
     """Embedded mode: a private Redis, one local worker and the UI, with SQLite under TORCHDECK_HOME."""
-    from app.launcher import ROOT, ProcessGroup, start_private_redis, worker_commands
+    from app.launcher import (
+        ProcessGroup,
+        jobs_worker_command,
+        start_private_redis,
+        ui_command,
+        worker_commands,
+    )
     from app.services import spec_of
     from db.engine import data_home
     from db.migrate import upgrade
@@ -173,6 +196,7 @@ def up(
     home = data_home().resolve()
     (home / "logs").mkdir(exist_ok=True)
     os.environ.setdefault("TORCHDECK_HOME", str(home))
+    ui = None if no_ui else _ui_command(ui_command, home, port)  # refuses before anything starts
     rev = upgrade()
     group = ProcessGroup()
     try:
@@ -183,13 +207,12 @@ def up(
         for cmd, env in worker_commands(None, ["gpu", "cpu"]):
             env.pop("CUDA_VISIBLE_DEVICES")  # the local worker sees every GPU the machine has
             group.start("worker", cmd, env, log=home / "logs" / "worker.log")
+        cmd, env = jobs_worker_command()  # pre-flight and export now, beside the runs
+        group.start("jobs", cmd, env, log=home / "logs" / "jobs.log")
         _requeue_queued(list_runs, spec_of)
-        ui = ROOT / "app" / "main.py"
-        if not no_ui and ui.is_file():
-            group.start("ui", [sys.executable, "-m", "streamlit", "run", str(ui), "--server.address", "127.0.0.1",
-                               "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                        log=home / "logs" / "ui.log")
-            typer.echo(f"torchdeck is up: http://127.0.0.1:{port}")
+        if ui is not None:
+            group.start("ui", ui, log=home / "logs" / "ui.log")
+            typer.echo(f"torchdeck is up: http://{ui[ui.index('--server.address') + 1]}:{port}")
         else:
             typer.echo("torchdeck worker is up (no UI); submit runs with `torchdeck submit SPEC.yaml`")
         typer.echo(f"data: {home}  (schema {rev}); logs: {home / 'logs'}; Ctrl-C stops everything")
@@ -200,6 +223,28 @@ def up(
         _wait(group)
     finally:
         (home / "broker.url").unlink(missing_ok=True)
+
+
+def _ui_command(ui_command, home: Path, port: int) -> list[str]:
+    from app.auth import AuthNotConfigured
+
+    try:
+        return ui_command(home, port)
+    except AuthNotConfigured as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def ui(port: Annotated[int, typer.Option(help="UI port.")] = 8501) -> None:
+    """The dashboard alone (the `app` service of a team deployment): local mode serves 127.0.0.1 only;
+    TORCHDECK_MODE=team requires sign-in (TORCHDECK_OIDC_*) and listens on TORCHDECK_UI_ADDRESS (default 0.0.0.0)."""
+    from app.launcher import ui_command
+    from db.engine import data_home
+
+    home = data_home().resolve()
+    cmd = _ui_command(ui_command, home, port)
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)  # Streamlit replaces this process: signals reach it directly (a container's PID 1)
 
 
 def _requeue_queued(list_runs, spec_of) -> None:
@@ -213,5 +258,5 @@ def _requeue_queued(list_runs, spec_of) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (submit, status, watch, cancel, runs, worker, up):
+    for fn in (submit, status, watch, cancel, runs, worker, up, ui):
         app.command(fn.__name__)(fn)

@@ -29,10 +29,17 @@ def gpu_count() -> int:
         return 0
 
 
+JOBS_QUEUE = "jobs"  # pre-flight and export-now for the dashboard (worker/jobs.py)
+
+
+def _celery_worker(loglevel: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1",
+            "--without-gossip", "--without-mingle", "-l", loglevel]
+
+
 def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO") -> list[tuple[list[str], dict[str, str]]]:
     """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; one CPU worker when there are none."""
-    base = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1",
-            "--without-gossip", "--without-mingle", "-l", loglevel]
+    base = _celery_worker(loglevel)
     out = []
     if gpus:
         for g in gpus:
@@ -42,6 +49,12 @@ def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: 
         q = ",".join(queues or ["cpu"])
         out.append(([*base, "-Q", q, "-n", "cpu@%h"], {"CUDA_VISIBLE_DEVICES": ""}))
     return out
+
+
+def jobs_worker_command(name: str = "jobs", loglevel: str = "INFO") -> tuple[list[str], dict[str, str]]:
+    """The small extra worker of a host that serves the dashboard's torch jobs (pre-flight, export now) from the
+    `jobs` queue, CPU-only, so they never wait behind a run and never touch a run worker's GPU."""
+    return [*_celery_worker(loglevel), "-Q", JOBS_QUEUE, "-n", f"{name}@%h"], {"CUDA_VISIBLE_DEVICES": ""}
 
 
 @dataclass
@@ -83,6 +96,15 @@ def _term_with_parent() -> None:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def ui_command(home: Path, port: int) -> list[str]:
+    """`streamlit run app/main.py` with the options this mode needs (app.auth.serve_options: 127.0.0.1 in
+    local mode; sign-in in team mode, or AuthNotConfigured)."""
+    from app.auth import serve_options
+
+    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), *serve_options(home),
+            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
 
 
 def redis_server_binary() -> str | None:

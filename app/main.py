@@ -15,11 +15,13 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/, not the 
 
 import streamlit as st
 
+from app import auth
 from app.ui import frame
 
 PAGES = ROOT / "app" / "app_pages"
 
 st.set_page_config(page_title="torchdeck", page_icon="🔥", layout="wide")
+user = auth.gate()  # team mode: nobody sees a page (or any data) before signing in
 
 pages = {
     "Experiments": [
@@ -27,6 +29,7 @@ pages = {
         st.Page(PAGES / "new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
         st.Page(PAGES / "run.py", title="Run", icon=":material/monitoring:", url_path="run"),
         st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+        st.Page(PAGES / "artifact.py", title="Artifact", icon=":material/download:", url_path="artifact"),
     ],
     "Resources": [
         st.Page(PAGES / "workers.py", title="Workers", icon=":material/memory:", url_path="workers"),
@@ -35,5 +38,6 @@ pages = {
 }
 page = st.navigation(pages)
 frame.sidebar()
+auth.sidebar(user)
 if frame.schema_ok():
     page.run()

@@ -4,6 +4,7 @@ runs are enqueued by task name, so the UI never imports the training code."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app.auth import User, check_can_modify
 from core.config import RunSpec
 from db.engine import data_home, make_engine
 from db.repo import RunRecord, create_run, delete_run, get_run, request_cancel
@@ -52,6 +54,15 @@ def enqueue(run_id: str, spec: RunSpec) -> None:
     _celery(broker_url()).send_task(RUN_TASK, args=[run_id], queue=spec.resource)
 
 
+JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (worker/jobs.py): torchdeck.preflight, torchdeck.export
+
+
+def enqueue_job(task: str, kwargs: dict[str, Any], expires_s: float | None = None) -> None:
+    """A dashboard job for the jobs workers, by task name; a message no worker took within expires_s is dropped
+    when one finally receives it (the dashboard has stopped waiting for its answer by then)."""
+    _celery(broker_url()).send_task(task, kwargs=kwargs, queue=JOBS_QUEUE, expires=expires_s)
+
+
 def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,
            parent_id: str | None = None, engine: Engine | None = None) -> RunRecord:
     """Store a validated spec as a queued run and enqueue it. Invalid specs never get here:
@@ -70,25 +81,132 @@ def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags
     return run
 
 
-def cancel(run_id: str, engine: Engine | None = None) -> RunRecord:
-    """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps."""
-    return request_cancel(engine or get_engine(), run_id)
-
-
-def remove(run_id: str, engine: Engine | None = None) -> list[str]:
-    """Delete a finished run with its rows and its files under the artifact root."""
+def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
+    """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps.
+    Only the run's owner or an admin may (app.auth.PermissionDenied otherwise)."""
     engine = engine or get_engine()
+    check_can_modify(by, get_run(engine, run_id), "cancel")
+    return request_cancel(engine, run_id)
+
+
+def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
+    """Delete a finished run with its rows and its files under the artifact root. Only the run's owner or an
+    admin may (app.auth.PermissionDenied otherwise)."""
+    engine = engine or get_engine()
+    check_can_modify(by, get_run(engine, run_id), "delete")
     uris = delete_run(engine, run_id)
+    artifact_store().delete_prefix(f"runs/{run_id}")  # the run's files in the store (local folder or bucket)
     root = artifact_root()
     run_dir = root / "runs" / run_id
-    if run_dir.is_dir() and root in run_dir.resolve().parents:
+    if run_dir.is_dir() and root in run_dir.resolve().parents:  # this host's working copy, if any
         shutil.rmtree(run_dir)
     return uris
 
 
 def artifact_root() -> Path:
-    root = os.environ.get("TORCHDECK_ARTIFACTS")
-    return (Path(root).expanduser() if root else data_home() / "artifacts").resolve()
+    """This host's run root: the artifact store's folder when it is local, else a local working copy."""
+    from db.store import local_run_root
+
+    return local_run_root()
+
+
+def artifact_store():
+    """The artifact store of $TORCHDECK_ARTIFACTS (a folder by default, or s3://bucket/prefix)."""
+    from db.store import open_store
+
+    return open_store()
+
+
+# --- artifact downloads: by opaque id only ----------------------------------------------------------------
+
+_ARTIFACT_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+
+
+class InvalidArtifactId(ValueError):
+    """An artifact id that is not one: ids are opaque tokens, never paths."""
+
+
+class ArtifactUnavailable(LookupError):
+    """The artifact is registered but its bytes cannot be read from this host."""
+
+
+def _artifact_record(artifact_id: str, engine: Engine | None):
+    from db.repo import get_artifact
+
+    if not isinstance(artifact_id, str) or not _ARTIFACT_ID.match(artifact_id):
+        raise InvalidArtifactId(f"{str(artifact_id)[:80]!r} is not an artifact id: downloads name an artifact by its "
+                                "opaque id (letters and digits), never by a path")
+    return get_artifact(engine or get_engine(), artifact_id)  # ArtifactNotFound for an unknown id
+
+
+def _artifact_source(record) -> tuple[Any, str | None, Path | None]:
+    """(store, key, None) when the artifact is in the store; (None, None, path) for an older local file
+    under this installation's folders; ArtifactUnavailable otherwise. Only the database's URI decides."""
+    from urllib.parse import unquote, urlparse
+
+    store = artifact_store()
+    key = store.key_of(record.uri)
+    if key is not None:
+        return store, key, None
+    parsed = urlparse(record.uri)
+    if parsed.scheme in ("file", ""):
+        path = Path(unquote(parsed.path)).resolve()
+        roots = [artifact_root(), data_home().resolve()]
+        if any(root in path.parents for root in roots):
+            return None, None, path
+    raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is stored at {record.uri}, outside this "
+                              f"installation's artifact store ({store.url}): it cannot be downloaded here")
+
+
+def artifact_problem(record) -> str | None:
+    """Why an artifact cannot be downloaded here (cheap: no request to an object store), or None."""
+    try:
+        store, key, path = _artifact_source(record)
+    except ArtifactUnavailable:
+        return "not on this machine nor in this installation's artifact store"
+    if path is not None:
+        return None if path.is_file() else "file removed (a later export replaced the export folder)"
+    local = store.local_path(key)
+    if local is not None and not local.is_file():
+        return "file removed (a later export replaced the export folder)"
+    return None
+
+
+def artifact_filename(record) -> str:
+    name = record.uri.rstrip("/").rsplit("/", 1)[-1]
+    return name or f"{record.kind}-{record.id}"
+
+
+def open_artifact(artifact_id: str, engine: Engine | None = None):
+    """(record, binary file) of an artifact given only its opaque id: streamed from the artifact store
+    (local folder or bucket). InvalidArtifactId for anything path-like, db ArtifactNotFound for an
+    unknown id, ArtifactUnavailable when its bytes are not reachable from here. Close the file."""
+    record = _artifact_record(artifact_id, engine)
+    store, key, path = _artifact_source(record)
+    try:
+        return record, (store.open(key) if store is not None else open(path, "rb"))
+    except FileNotFoundError:
+        raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is registered but its file is gone "
+                                  f"({record.uri})") from None
+
+
+def iter_artifact(artifact_id: str, engine: Engine | None = None, chunk_size: int = 1 << 20):
+    """(record, iterator of byte chunks): for a streaming HTTP response. Errors as open_artifact, raised at once."""
+    record, f = open_artifact(artifact_id, engine)
+
+    def chunks():
+        with f:
+            while chunk := f.read(chunk_size):
+                yield chunk
+
+    return record, chunks()
+
+
+def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:
+    """The whole artifact (Streamlit's download button needs bytes); errors as open_artifact."""
+    _, f = open_artifact(artifact_id, engine)
+    with f:
+        return f.read()
 
 
 def spec_of(run: RunRecord) -> RunSpec:

@@ -294,6 +294,24 @@ def mark_lost(engine: Engine, older_than_s: float) -> list[str]:
         return sorted(session.execute(stmt).scalars())
 
 
+def requeue_lost(engine: Engine, older_than_s: float) -> list[str]:
+    """`lost` runs nobody has claimed for `older_than_s` (by heartbeat age): their ids, with the
+    heartbeat reset to now so that the next call returns them only after another period. For the
+    reaper to send such a run again: the reaper that marked it lost may have died before sending
+    it, and a lost run without a message would wait forever. A duplicate message is harmless (the
+    claim is atomic), so concurrent reapers need no more than this one UPDATE."""
+    now = utcnow()
+    with session_scope(engine) as session:
+        stmt = (
+            update(Run)
+            .where(Run.status == "lost", Run.heartbeat_at < now - timedelta(seconds=older_than_s))
+            .values(heartbeat_at=now)
+            .returning(Run.id)
+            .execution_options(synchronize_session=False)
+        )
+        return sorted(session.execute(stmt).scalars())
+
+
 def delete_run(engine: Engine, run_id: str, *, force: bool = False) -> list[str]:
     """Delete a run with its metrics, events, artifacts and tags; returns the
     artifact URIs, whose files the caller removes. Children keep existing

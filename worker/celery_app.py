@@ -16,7 +16,7 @@ QUEUES = ("gpu", "cpu")
 
 def make_app(settings: WorkerSettings | None = None) -> Celery:
     s = settings or WorkerSettings()
-    app = Celery("torchdeck", broker=s.broker_url, include=["worker.tasks"])
+    app = Celery("torchdeck", broker=s.broker_url, include=["worker.tasks", "worker.jobs"])
     app.conf.update(
         # JSON only: a message never carries pickled code.
         task_serializer="json",

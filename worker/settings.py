@@ -7,17 +7,21 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from db.engine import data_home
+from db.store import ArtifactStore, local_run_root, open_store
 
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TORCHDECK_", extra="ignore")
 
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker (Redis).")
-    artifacts: str | None = Field(None, description="Artifact root folder; default $TORCHDECK_HOME/artifacts.")
+    artifacts: str | None = Field(
+        None, description="Artifact store URL: a folder (default $TORCHDECK_HOME/artifacts) or s3://bucket/prefix "
+        "(endpoint from TORCHDECK_S3_ENDPOINT_URL, credentials from the AWS variables) shared by all hosts.")
     heartbeat_s: float = Field(2.0, gt=0, description="Run heartbeat period; ≤ 5 s so a cancel lands within seconds.")
     stale_after_s: float = Field(30.0, gt=0, description="A running run whose heartbeat is older is lost (worker died).")
     reap_every_s: float = Field(10.0, gt=0, description="How often each worker looks for lost runs.")
+    requeue_after_s: float = Field(120.0, gt=0, description="A lost run nobody claimed for this long is sent again "
+                                   "(its first message may never have left a reaper that died).")
     max_attempts: int = Field(3, ge=1, description="A lost run is re-queued until it has been tried this many times.")
     cancel_grace_s: float = Field(30.0, ge=0, description="After a cancel, time the run gets to stop cleanly before SIGTERM, then SIGKILL.")
     flush_s: float = Field(0.5, gt=0, description="Metric sink flush period (the training step never waits for it).")
@@ -28,9 +32,13 @@ class WorkerSettings(BaseSettings):
     )
 
     def artifact_root(self) -> Path:
-        root = Path(self.artifacts).expanduser() if self.artifacts else data_home() / "artifacts"
+        """This host's run root: the store's folder when it is local, else a local working copy."""
+        root = local_run_root(self.artifacts)
         root.mkdir(parents=True, exist_ok=True)
         return root.resolve()
+
+    def store(self) -> ArtifactStore:
+        return open_store(self.artifacts)
 
     def run_dir(self, run_id: str) -> Path:
         return self.artifact_root() / "runs" / run_id

@@ -23,9 +23,10 @@ from db.repo import (
     get_run,
     heartbeat,
     mark_lost,
+    requeue_lost,
     upsert_worker,
 )
-from worker.celery_app import RUN_TASK, app
+from worker.celery_app import QUEUES, RUN_TASK, app
 from worker.child import spare_main
 from worker.settings import WorkerSettings
 
@@ -183,6 +184,10 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
             f"{s.max_attempts}), resuming from the last checkpoint", code="lost")])
         app.send_task(RUN_TASK, args=[run_id], queue=queue_for(dict(r.spec)))
         requeued.append(run_id)
+    for run_id in requeue_lost(engine(), s.requeue_after_s):  # lost but never claimed since: send it again
+        r = get_run(engine(), run_id)
+        app.send_task(RUN_TASK, args=[run_id], queue=queue_for(dict(r.spec)))
+        requeued.append(run_id)
     return requeued
 
 
@@ -225,7 +230,8 @@ def _on_ready(sender=None, **_: object) -> None:
     _state["worker_id"] = sender.hostname if sender is not None else f"{socket.gethostname()}:{os.getpid()}"
     _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
-    _spare.fill()
+    if sender is None or set(_state["queues"]) & set(QUEUES):  # a jobs-only worker (worker/jobs.py) runs no run
+        _spare.fill()
 
 
 @signals.worker_shutdown.connect

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import services
+from app import auth, services
 from app.ui import actions, frame, queries, spec_form
 from app.ui.schema import errors_by_field, validate
 from core.config import RunSpec, SpecError
@@ -94,7 +94,8 @@ def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
 
 def launch(spec: RunSpec) -> None:
     tags = [t.strip() for t in st.session_state.get(K("tags"), "").split(",") if t.strip()]
-    owner = st.session_state.get(K("owner")) or "local"
+    # Team mode: the run belongs to whoever is signed in, whatever the form says.
+    owner = auth.current_user().id if auth.team_mode() else (st.session_state.get(K("owner")) or "local")
     try:
         r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
                             engine=queries.engine())
@@ -137,7 +138,10 @@ def main() -> None:
     st.title("New run")
     if spec_form.ensure_defaults():
         forget_form()
-    st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
+    if auth.team_mode():
+        st.session_state[K("owner")] = auth.current_user().id  # shown, not editable
+    else:
+        st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
     st.session_state.setdefault(K("tags"), "")
     clone_from_query()
     presets_bar()
@@ -150,7 +154,9 @@ def main() -> None:
             with a:
                 spec_form._widget(spec_form._by_path("name"))
                 name_slot = st.empty()
-            b.text_input("Owner", key=K("owner"), help="Who the run belongs to (filter on the Runs page).")
+            b.text_input("Owner", key=K("owner"), disabled=auth.team_mode(),
+                         help="Who the run belongs to (filter on the Runs page)"
+                              + ("; in team mode, the signed-in user." if auth.team_mode() else "."))
             c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
         slots = spec_form.render({"Data": dataset_picker})
         slots["name"] = name_slot

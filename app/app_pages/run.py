@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import services
+from app import auth, services
 from app.ui import actions, frame, queries, run_charts, run_view
 from app.ui import fmt as f
 from app.ui.charts import X_MODES
@@ -42,15 +42,23 @@ def header(r) -> None:
 def buttons(r) -> None:
     wanted = (["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else []) + ["compare"]
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [6 - len(wanted)])[:len(wanted)], strict=True))
-    if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel")):
-        services.cancel(r.id, engine=queries.engine())
-        queries.clear()
-        st.rerun()
+    user = auth.current_user()
+    mine = auth.can_modify(user, r)  # cancel: owner or admin only (the service refuses the others too)
+    if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
+                                                  disabled=not mine,
+                                                  help=None if mine else f"only {r.owner} or an admin may cancel it"):
+        try:
+            services.cancel(r.id, engine=queries.engine(), by=user)
+        except auth.PermissionDenied as e:
+            st.error(str(e), icon=":material/lock:")
+        else:
+            queries.clear()
+            st.rerun()
     if cols["clone"].button("Clone", icon=":material/content_copy:", key=K("clone")):
         st.switch_page(frame.NEW, query_params={"clone": r.id})
     if "rerun" in cols and cols["rerun"].button("Re-run", icon=":material/replay:", key=K("rerun")):
         try:
-            new = actions.rerun(queries.engine(), r.id)
+            new = actions.rerun(queries.engine(), r.id, owner=user.id)
         except (RuntimeError, ValueError) as e:
             st.error(str(e))
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import services
+from app import auth, services
 from app.ui import actions, frame, queries
 from app.ui import fmt as f
 from db.types import RUN_STATUSES, RunRecord
@@ -71,21 +71,30 @@ def action_bar(selected: list[RunRecord]) -> None:
     n = len(selected)
     cols = st.columns(6)
     ids = [r.id for r in selected]
+    user = auth.current_user()
+    mine = [r for r in selected if auth.can_modify(user, r)]  # cancel and delete: owner or admin only
+    others = "only a run's owner or an admin may cancel or delete it" if len(mine) < n else None
     if cols[0].button("Open", disabled=n != 1, icon=":material/open_in_new:", key=K("open"), width="stretch"):
         frame.open_run(ids[0])
-    if cols[1].button("Cancel", disabled=not any(not r.finished for r in selected), icon=":material/stop_circle:",
-                      key=K("cancel"), width="stretch"):
-        for r in selected:
-            if not r.finished:
-                services.cancel(r.id, engine=queries.engine())
+    active = [r for r in mine if not r.finished]
+    if cols[1].button("Cancel", disabled=not active, icon=":material/stop_circle:", key=K("cancel"),
+                      width="stretch", help=others):
+        done = 0
+        for r in active:
+            try:
+                services.cancel(r.id, engine=queries.engine(), by=user)
+                done += 1
+            except auth.PermissionDenied as e:  # an admin list changed since the page was drawn
+                flash(str(e), "error")
         queries.clear()
-        flash(f"cancel requested for {sum(not r.finished for r in selected)} run(s)")
+        flash(f"cancel requested for {done} run(s)")
         st.rerun()
     if cols[2].button("Re-run", disabled=n == 0, icon=":material/replay:", key=K("rerun"), width="stretch"):
         rerun(selected)
     if cols[3].button("Clone", disabled=n != 1, icon=":material/content_copy:", key=K("clone"), width="stretch"):
         st.switch_page(frame.NEW, query_params={"clone": ids[0]})
-    if cols[4].button("Delete", disabled=n == 0, icon=":material/delete:", key=K("delete"), width="stretch"):
+    if cols[4].button("Delete", disabled=n == 0 or len(mine) < n, icon=":material/delete:", key=K("delete"),
+                      width="stretch", help=others):
         st.session_state[K("confirm")] = ids
         st.rerun()  # the confirmation lives outside this fragment
     if cols[5].button("Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"):
@@ -94,7 +103,7 @@ def action_bar(selected: list[RunRecord]) -> None:
 
 def rerun(selected: list[RunRecord]) -> None:
     try:
-        new = [actions.rerun(queries.engine(), r.id) for r in selected]
+        new = [actions.rerun(queries.engine(), r.id, owner=auth.current_user().id) for r in selected]
     except (RuntimeError, ValueError) as e:
         flash(str(e), "error")
     else:
@@ -112,7 +121,8 @@ def confirm_delete() -> None:
                    "This cannot be undone.", icon=":material/warning:")
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
-            refused = [msg for run_id in ids if (msg := actions.delete(queries.engine(), run_id))]
+            user = auth.current_user()
+            refused = [msg for run_id in ids if (msg := actions.delete(queries.engine(), run_id, by=user))]
             st.session_state.pop(K("confirm"))
             queries.clear()
             flash(f"deleted {len(ids) - len(refused)} run(s)")

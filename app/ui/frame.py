@@ -12,6 +12,7 @@ from db.repo import SchemaOutOfDate
 
 # The pages, for st.switch_page / st.page_link (paths relative to app/main.py).
 RUNS, NEW, RUN, COMPARE = "app_pages/runs.py", "app_pages/new_run.py", "app_pages/run.py", "app_pages/compare.py"
+ARTIFACT = "app_pages/artifact.py"
 WORKERS, DATASETS = "app_pages/workers.py", "app_pages/datasets.py"
 
 

@@ -3,12 +3,11 @@ Each takes a RunRecord and draws; the page decides which of them refresh live.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
-from app.ui import actions, charts, queries
+from app import services
+from app.ui import actions, charts, frame, queries
 from app.ui import fmt as f
 from core.config import EXPORT_FORMATS, RunSpec
 from db.types import EventRecord, RunRecord
@@ -102,11 +101,16 @@ def events_panel(events: list[EventRecord]) -> None:
 
 def samples_panel(r: RunRecord) -> None:
     grids = [a for a in queries.artifacts(r.id) if a.kind == "sample_grid"]
-    path = actions.uri_path(grids[-1].uri) if grids else None
-    if path is None:
+    image = None
+    if grids and services.artifact_problem(grids[-1]) is None:
+        try:
+            image = services.read_artifact(grids[-1].id, engine=queries.engine())  # from the artifact store
+        except (LookupError, OSError):
+            image = None
+    if image is None:
         st.caption("The labelled sample grid appears once the run has loaded its data (pre-flight).")
         return
-    st.image(str(path), caption="Training samples with their labels: a mismatch here is the most hidden bug (S-D6)")
+    st.image(image, caption="Training samples with their labels: a mismatch here is the most hidden bug (S-D6)")
 
 
 def spec_panel(r: RunRecord) -> None:
@@ -129,24 +133,25 @@ def artifacts_panel(r: RunRecord) -> None:
     if not rows:
         st.caption("No files yet: checkpoints appear after the first epoch, exports at the end.")
     for a in sorted(rows, key=lambda a: list(ARTIFACT_LABELS).index(a.kind) if a.kind in ARTIFACT_LABELS else 99):
-        path = actions.uri_path(a.uri)
+        problem = services.artifact_problem(a)
         left, right = st.columns([3, 1], vertical_alignment="center")
         with left:
             st.markdown(f"**{ARTIFACT_LABELS.get(a.kind, a.kind)}** · {f.size(a.size)}"
                         + (f" · sha256 `{a.sha256[:12]}`" if a.sha256 else ""))
+            st.page_link(frame.ARTIFACT, label="Shareable link", query_params={"id": a.id}, icon=":material/link:")
             if a.kind in EXPORT_FORMATS and a.meta:
                 st.dataframe(pd.DataFrame([_report_row(a.kind, dict(a.meta))]), hide_index=True, width="stretch")
-        if path is None:
-            right.caption(actions.missing_reason(a.uri))
-        else:
-            right.download_button("Download", _reader(path), file_name=path.name, key=f"run.dl.{a.id}",
-                                  icon=":material/download:", width="stretch")
+        if problem is not None:
+            right.caption(problem)
+        else:  # by opaque artifact id only: the service streams it from the artifact store
+            right.download_button("Download", _reader(a.id), file_name=services.artifact_filename(a),
+                                  key=f"run.dl.{a.id}", icon=":material/download:", width="stretch")
     st.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
                        mime="text/csv", icon=":material/table_view:", key=f"run.csv.{r.id}")
 
 
-def _reader(path: Path):
-    return lambda: path.read_bytes()  # read on click, not on every rerun
+def _reader(artifact_id: str):
+    return lambda: services.read_artifact(artifact_id, engine=queries.engine())  # read on click, not on every rerun
 
 
 def export_panel(r: RunRecord) -> None:

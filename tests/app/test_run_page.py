@@ -151,3 +151,24 @@ def test_cancel_from_the_run_page(page, engine):
     at.run()
     assert repo.get_run(engine, r.id).cancel_requested
     assert any("Cancel requested" in i.value for i in at.info)
+
+
+def test_artifact_link_serves_by_id_and_refuses_paths_and_unknown_ids(page, engine, home):
+    r = seed_run(engine, "shared")
+    export = home / "artifacts" / "runs" / r.id / "export"
+    export.mkdir(parents=True)
+    (export / "model.onnx").write_bytes(b"onnx-bytes")
+    art = repo.add_artifact(engine, r.id, "onnx", (export / "model.onnx").as_uri(), size=10, meta={})
+    at = page("artifact.py", id=art.id)
+    assert not at.exception and not at.error
+    assert [b.label for b in at.get("download_button")] == ["Download"]
+    assert any("model.onnx" in m.value for m in at.markdown)
+    for bad in ("../../etc/passwd", "/etc/passwd", "runs/x/model.onnx"):
+        at = page("artifact.py", id=bad)
+        assert at.error and "Refused" in at.error[0].value and "path" in at.error[0].value
+        assert not at.get("download_button")
+    at = page("artifact.py", id="nosuchid")
+    assert at.error and "no artifact with id" in at.error[0].value and not at.get("download_button")
+    outside = repo.add_artifact(engine, r.id, "checkpoint_best", "file:///etc/passwd", size=1)
+    at = page("artifact.py", id=outside.id)
+    assert at.error and "outside this installation" in at.error[0].value and not at.get("download_button")

@@ -89,6 +89,19 @@ def test_a_lost_run_is_claimed_again_with_a_new_attempt(engine: Engine) -> None:
     assert repo.finish_run(engine, run.id, "completed", worker_id="w2") is not None
 
 
+def test_a_lost_run_left_unclaimed_is_handed_out_again_once_per_period(engine: Engine) -> None:
+    run = repo.create_run(engine, SPEC)
+    repo.claim_run(engine, run.id, "w1")
+    _age_heartbeat(engine, run.id, seconds=120)
+    assert repo.mark_lost(engine, older_than_s=60) == [run.id]  # its reaper died before sending it
+    assert repo.requeue_lost(engine, older_than_s=300) == []  # not yet
+    assert repo.requeue_lost(engine, older_than_s=60) == [run.id]
+    assert repo.requeue_lost(engine, older_than_s=60) == []  # once per period, whoever asks
+    assert repo.get_run(engine, run.id).status == "lost"
+    assert repo.claim_run(engine, run.id, "w2").attempt == 2
+    assert repo.requeue_lost(engine, older_than_s=0) == []  # claimed: not lost any more
+
+
 def test_fresh_heartbeats_are_not_stale(engine: Engine) -> None:
     run = repo.create_run(engine, SPEC)
     repo.claim_run(engine, run.id, "w1")

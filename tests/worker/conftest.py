@@ -147,7 +147,7 @@ def stack(request, tmp_path, redis_server, postgres, monkeypatch) -> Iterator[St
     db_index = 1 + (abs(hash(request.node.nodeid)) % 14)
     redis.Redis(port=redis_server.port, db=db_index).flushdb()
     env = {**os.environ, "TORCHDECK_HOME": str(home), "TORCHDECK_DATABASE_URL": url,
-           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "6", "TORCHDECK_REAP_EVERY_S": "1",
+           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "6", "TORCHDECK_REAP_EVERY_S": "1", "TORCHDECK_REQUEUE_AFTER_S": "20",
            "TORCHDECK_HEARTBEAT_S": "1", "TORCHDECK_CANCEL_GRACE_S": "5", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     for k in ("TORCHDECK_HOME", "TORCHDECK_DATABASE_URL", "TORCHDECK_BROKER_URL"):
         monkeypatch.setenv(k, env[k])

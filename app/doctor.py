@@ -1,0 +1,343 @@
+"""`torchdeck doctor`: is this deployment able to run anything? One line per check, ✓ or ✗, and
+for each failure what is wrong and how to fix it. Exit status 1 when something is wrong.
+
+It checks what every run needs, in the order a run needs it: the database (reachable, schema
+current), the broker (Redis answers), live workers and their devices (their heartbeat rows in
+the database), the artifact store (a probe written, read back and removed through db/store.py),
+and in team mode the sign-in settings.
+Reads the same environment as the app and the workers; never imports torch or the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+# A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
+CONNECT_TIMEOUT_S = 5
+_STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"  # the workers' own setting (worker/settings.py)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: not checked, because something it needs failed first
+    detail: str
+    fix: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        mark = {True: "✓", False: "✗", None: "–"}[self.ok]
+        out = [f"{mark} {self.name}: {self.detail}"]
+        out += [f"    {n}" for n in self.notes]
+        if self.fix and self.ok is False:
+            out.append(f"    fix: {self.fix}")
+        return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0] if lines else type(e).__name__
+    # SQLAlchemy wraps the driver's error: "(psycopg.OperationalError) connection failed: ..."
+    if line.startswith("(") and ") " in line:
+        line = line.split(") ", 1)[1]
+    return line[:300]
+
+
+def _shown_db(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    from db.engine import normalize_url
+
+    try:
+        return make_url(normalize_url(url)).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as given, minus anything after '@'
+        return url.split("@")[-1]
+
+
+def _shown_broker(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a malformed address
+    except ValueError:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{rest.rsplit('@', 1)[-1]}"
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+# --- database -------------------------------------------------------------------------------------
+
+
+def _with_connect_timeout(url: str) -> str:
+    """Postgres URLs get libpq's connect_timeout unless they set one."""
+    from sqlalchemy.engine import make_url
+
+    from db.engine import normalize_url
+
+    try:
+        sa_url = make_url(normalize_url(url))
+    except Exception:  # noqa: BLE001 - make_engine reports it
+        return url
+    if sa_url.get_backend_name() != "postgresql" or "connect_timeout" in sa_url.query:
+        return url
+    return sa_url.update_query_dict({"connect_timeout": str(CONNECT_TIMEOUT_S)}).render_as_string(hide_password=False)
+
+
+def check_database() -> tuple[Check, object | None]:
+    """Reachable, and at the schema revision this code needs. Returns the engine when usable."""
+    from db.engine import database_url, make_engine
+    from db.migrate import current_revision, head_revision
+
+    url = database_url()
+    shown = _shown_db(url)
+    env_hint = "TORCHDECK_DATABASE_URL" if os.environ.get("TORCHDECK_DATABASE_URL") else "TORCHDECK_DATABASE_URL (unset: the local SQLite file)"
+    try:
+        engine = make_engine(_with_connect_timeout(url))
+    except Exception as e:  # noqa: BLE001 - an unsupported or malformed URL
+        return Check("database", False, f"{shown}: {_first_line(e)}",
+                     f"set {env_hint} to postgresql://USER:PASSWORD@HOST:5432/DB or sqlite:////path/torchdeck.db"), None
+    try:
+        with engine.connect():
+            pass
+    except Exception as e:  # noqa: BLE001 - refused, unknown host, bad password, missing database, ...
+        return Check("database", False, f"cannot connect to {shown}: {_first_line(e)}",
+                     f"check host, port, user, password and database name in {env_hint}, and that the server "
+                     "is running (team mode: `docker compose ps postgres`)"), None
+    head = head_revision()
+    try:
+        current = current_revision(engine)
+    except Exception as e:  # noqa: BLE001
+        return Check("database", False, f"{shown}: cannot read the schema revision: {_first_line(e)}",
+                     "check that this user may read the database"), None
+    if current != head:
+        if current is None:
+            detail = f"{shown}: reachable, but it has no torchdeck tables (this version needs schema {head})"
+        else:
+            detail = f"{shown}: schema revision {current}, this version needs {head}"
+        fix = ("run `torchdeck db upgrade` with the same TORCHDECK_DATABASE_URL "
+               "(team mode: `docker compose run --rm migrate`)")
+        from db.migrate import _known
+
+        if current is not None and not _known(current):
+            fix = "a newer torchdeck upgraded this database: run that newer version (a schema cannot go back)"
+        return Check("database", False, detail, fix), engine
+    return Check("database", True, f"{shown}: reachable, schema {head} (current)"), engine
+
+
+# --- broker ---------------------------------------------------------------------------------------
+
+
+def check_broker() -> tuple[Check, dict[str, int]]:
+    """Redis answers PING; returns the number of messages waiting per queue."""
+    from app.services import broker_url
+
+    url = broker_url()
+    shown = _shown_broker(url)
+    fix = ("start Redis (team mode: `docker compose up -d redis`; local: `torchdeck up`) or set "
+           "TORCHDECK_BROKER_URL to a reachable one, e.g. redis://:PASSWORD@HOST:6379/0")
+    if not url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
+        return Check("broker", False, f"{shown}: unsupported broker URL", fix), {}
+    import redis
+
+    client_url = "unix://" + url[len("redis+socket://"):] if url.startswith("redis+socket://") else url
+    try:
+        client = redis.Redis.from_url(client_url, socket_connect_timeout=3, socket_timeout=3)  # connects lazily
+    except ValueError as e:
+        return Check("broker", False, f"{shown}: not a valid Redis URL ({_first_line(e)})", fix), {}
+    try:
+        client.ping()
+        waiting = {q: int(client.llen(q)) for q in ("gpu", "cpu")}
+    except redis.AuthenticationError as e:
+        return Check("broker", False, f"{shown}: Redis refused the password: {_first_line(e)}",
+                     "put Redis's password (REDIS_PASSWORD) in TORCHDECK_BROKER_URL: redis://:PASSWORD@HOST:6379/0"), {}
+    except Exception as e:  # noqa: BLE001 - refused, timeout, unknown host, ...
+        return Check("broker", False, f"cannot reach {shown}: {_first_line(e)}", fix), {}
+    finally:
+        client.close()
+    queued = ", ".join(f"{q} {n}" for q, n in waiting.items())
+    return Check("broker", True, f"{shown}: reachable (messages waiting: {queued})"), waiting
+
+
+# --- workers --------------------------------------------------------------------------------------
+
+
+def _device_text(devices) -> str:
+    parts = []
+    for d in devices:
+        if d.get("kind") == "gpu":
+            mem = f", {d['mem_mb']:.0f} MB used" if isinstance(d.get("mem_mb"), (int, float)) else ""
+            parts.append(f"GPU {d.get('index', '?')}{mem}")
+        elif d.get("kind") == "cpu":
+            parts.append(f"CPU ({d.get('cores', '?')} cores)")
+    return ", ".join(parts) or "no devices reported"
+
+
+def check_workers(engine) -> list[Check]:
+    """Workers whose heartbeat is fresh, what they consume and which devices they see; a queue with
+    runs waiting and nobody consuming it is a failure."""
+    from db.repo import list_runs, list_workers
+
+    stale_after = float(os.environ.get(_STALE_AFTER_ENV) or 30.0)
+    now = datetime.now(UTC)
+    try:
+        workers = list_workers(engine)
+        queued = list_runs(engine, status="queued", limit=1000).runs
+    except Exception as e:  # noqa: BLE001
+        return [Check("workers", False, f"cannot read the worker table: {_first_line(e)}",
+                      "run `torchdeck db upgrade`, then `torchdeck doctor` again")]
+    live, stale = [], []
+    for w in workers:
+        age = (now - w.heartbeat_at).total_seconds()
+        (live if age <= stale_after else stale).append((w, age))
+    start_fix = ("start one: team mode `docker compose up -d worker-gpu worker-cpu` (or on a GPU host "
+                 "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`")
+    checks: list[Check] = []
+    for w, age in live:
+        gpu_queue = "gpu" in w.queues
+        has_gpu = any(d.get("kind") == "gpu" for d in w.devices)
+        ok = has_gpu or not gpu_queue
+        checks.append(Check(
+            f"worker {w.id}", ok,
+            f"on {w.hostname}, queues {', '.join(w.queues) or '-'}, {_device_text(w.devices)}, "
+            f"heartbeat {age:.0f} s ago" + (f", running {w.current_run_id}" if w.current_run_id else ""),
+            "" if ok else "it consumes the gpu queue but sees no GPU: give its container the NVIDIA runtime "
+            "(deploy.resources.reservations.devices in docker-compose.yml, NVIDIA Container Toolkit on the "
+            "host) and check CUDA_VISIBLE_DEVICES"))
+    stale_note = [f"{len(stale)} worker(s) not seen for more than {stale_after:.0f} s (stopped or gone): "
+                  + ", ".join(w.id for w, _ in stale[:5])] if stale else []
+    if not live:
+        checks.append(Check("workers", False, f"no worker has sent a heartbeat in the last {stale_after:.0f} s",
+                            start_fix, stale_note))
+        return checks
+    consumed = {q for w, _ in live for q in w.queues}
+    waiting: dict[str, int] = {}
+    for r in queued:
+        q = "cpu" if (r.spec or {}).get("device") == "cpu" else "gpu"
+        waiting[q] = waiting.get(q, 0) + 1
+    orphaned = {q: n for q, n in waiting.items() if q not in consumed}
+    if orphaned:
+        what = ", ".join(f"{n} queued run(s) need the {q} queue" for q, n in orphaned.items())
+        checks.append(Check("workers", False, f"{what}, which no live worker consumes", start_fix, stale_note))
+    else:
+        checks.append(Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note))
+    return checks
+
+
+# --- artifact store -------------------------------------------------------------------------------
+
+
+def artifact_location() -> str:
+    """$TORCHDECK_ARTIFACTS (a folder or s3://bucket/prefix), default $TORCHDECK_HOME/artifacts."""
+    from db.engine import data_home
+
+    return os.environ.get("TORCHDECK_ARTIFACTS") or str(data_home() / "artifacts")
+
+
+def check_artifacts() -> Check:
+    """A probe written, read back and deleted through the store every run uses (db/store.py)."""
+    location = artifact_location()
+    try:
+        from db.store import open_store
+    except ImportError:  # a torchdeck without the store module: a plain folder
+        return _check_local_folder(location)
+    try:
+        result = open_store(location).check()  # never raises for I/O; StoreError for a bad URL
+    except Exception as e:  # noqa: BLE001
+        return Check("artifacts", False, f"{location}: {_first_line(e)}",
+                     "set TORCHDECK_ARTIFACTS to a folder or s3://bucket/prefix")
+    if result.ok:
+        return Check("artifacts", True, f"{result.url}: write, read back and delete work")
+    return Check("artifacts", False, result.message, result.fix or "set TORCHDECK_ARTIFACTS to a store this host can write")
+
+
+def _check_local_folder(location: str) -> Check:
+    fix = (f"make {location} writable by the user running torchdeck (the images run as uid 10001), "
+           "or set TORCHDECK_ARTIFACTS to a folder it can write")
+    if "://" in location:
+        return Check("artifacts", False, f"{location}: this torchdeck cannot use object stores", fix)
+    root = Path(location).expanduser()
+    probe = root / f".doctor-{uuid.uuid4().hex}"
+    payload = b"torchdeck doctor\n"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(payload)
+        same = probe.read_bytes() == payload
+        probe.unlink()
+    except OSError as e:
+        return Check("artifacts", False, f"{location}: not writable ({e.strerror or e})", fix)
+    if not same:
+        return Check("artifacts", False, f"{location}: a file written there read back different", fix)
+    return Check("artifacts", True, f"{location}: write, read back and delete work")
+
+
+# --- sign-in --------------------------------------------------------------------------------------
+
+
+def check_sign_in() -> Check | None:
+    """Team mode needs the OpenID Connect settings (app/auth.py); local mode has no sign-in."""
+    from app import auth
+
+    try:
+        team = auth.team_mode()
+    except auth.AuthNotConfigured as e:
+        return Check("sign-in", False, str(e), f"set {auth.MODE_ENV} to local or team")
+    if not team:
+        return None
+    missing = auth.missing_config()
+    if missing:
+        return Check("sign-in", False, f"{auth.MODE_ENV}=team, but {', '.join(missing)} not set",
+                     "register torchdeck as an OpenID Connect client with your provider (redirect URI "
+                     "https://<dashboard>/oauth2callback) and set those variables (see .env.example)")
+    admins = ", ".join(sorted(auth.admins())) or "none (set TORCHDECK_ADMINS)"
+    return Check("sign-in", True, f"team mode, OpenID Connect client {os.environ[auth.OIDC_ENV['client_id']]}; admins: {admins}")
+
+
+# --- all together ---------------------------------------------------------------------------------
+
+
+def run_checks(emit: Callable[[Check], None] | None = None) -> list[Check]:
+    """Every check, in order; `emit` sees each as soon as it is done (the CLI prints it)."""
+    results: list[Check] = []
+
+    def add(c: Check) -> None:
+        results.append(c)
+        if emit:
+            emit(c)
+
+    db_check, engine = check_database()
+    add(db_check)
+    add(check_broker()[0])
+    if engine is not None and db_check.ok:
+        for c in check_workers(engine):
+            add(c)
+    else:
+        add(Check("workers", None, "not checked: they are listed in the database, which failed above"))
+    add(check_artifacts())
+    sign_in = check_sign_in()
+    if sign_in is not None:
+        add(sign_in)
+    if engine is not None:
+        engine.dispose()
+    return results
+
+
+def doctor() -> None:
+    """Check the database, the broker, the workers and the artifact store; say what is wrong and the fix."""
+    import typer
+
+    results = run_checks(lambda c: typer.echo("\n".join(c.lines())))
+    failed = [c for c in results if c.ok is False]
+    if failed:
+        typer.echo(f"{len(failed)} problem(s): {', '.join(c.name for c in failed)}")
+        raise typer.Exit(1)
+    typer.echo("all checks passed")

@@ -1,0 +1,199 @@
+"""The dashboard's jobs that need torch, for a dashboard that has none (team mode: the app image has no
+torch, and a run's checkpoints may live only on a worker host or in the S3 store).
+
+Two tasks on the `jobs` queue, served by one small CPU-only worker per host (`torchdeck worker` and
+`torchdeck up` start it beside the run workers, so a pre-flight never waits behind a long run):
+
+- `torchdeck.preflight(job_id, spec)`: builds the data and the model as a run would, checks the shapes
+  and draws the labelled sample grid (app/ui/preflight_job.py, in a fresh subprocess);
+- `torchdeck.export(job_id, run_id, formats, checkpoint)`: brings the run's checkpoint from the artifact
+  store when this host lacks it, runs `torchdeck export` in a fresh subprocess and registers the files
+  as the run's artifacts exactly as the dashboard does (app.ui.actions.register_exports).
+
+There is no Celery result backend: a job answers through the artifact store, which the app reads too.
+`jobs/<job_id>/started.json` says a worker took the job; `jobs/<job_id>/result.json` (and, for a
+pre-flight, `samples.png` before it) is the answer. The app polls for them and deletes the folder; each
+job sweeps away answers older than an hour that nobody read (the app gave up or went away).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from worker.celery_app import app
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("torchdeck.jobs")
+
+JOBS_QUEUE = "jobs"
+PREFLIGHT_TASK = "torchdeck.preflight"
+EXPORT_TASK = "torchdeck.export"
+PREFLIGHT_TIMEOUT_S = 300
+EXPORT_TIMEOUT_S = 900
+STALE_JOB_S = 3600.0  # an answer still in the store after this was abandoned
+ROOT = Path(__file__).resolve().parents[1]
+_JOB_ID = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+def job_key(job_id: str, name: str = "") -> str:
+    """The store key of a job's folder or of one of its files; job ids are hex tokens, never paths."""
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise ValueError(f"{str(job_id)[:80]!r} is not a job id")
+    return f"jobs/{job_id}" + (f"/{name}" if name else "")
+
+
+def _put_json(store, job_id: str, name: str, data: dict) -> None:
+    store.put_bytes(json.dumps(data, default=str).encode(), job_key(job_id, name))
+
+
+def _started(store, job_id: str) -> None:
+    _put_json(store, job_id, "started.json", {"worker": socket.gethostname(), "pid": os.getpid(), "at": time.time()})
+    sweep(store)
+
+
+def sweep(store, older_than_s: float = STALE_JOB_S) -> int:
+    """Delete answers nobody read (the dashboard gave up waiting, or went away): files under jobs/ older than
+    older_than_s. Never raises."""
+    removed = 0
+    try:
+        for key in store.list("jobs"):
+            stamp = store.modified(key)
+            if stamp is not None and time.time() - stamp > older_than_s:
+                removed += bool(store.delete(key))
+    except Exception as e:  # noqa: BLE001 - housekeeping must never fail a job
+        log.warning("could not sweep old job answers from %s: %s", store.url, e)
+    return removed
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # jobs run on the CPU: a run worker owns each GPU
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _tail(done: subprocess.CompletedProcess, n: int = 5) -> str:
+    return " / ".join((done.stderr or done.stdout or "").strip().splitlines()[-n:])
+
+
+# --- pre-flight -----------------------------------------------------------------------------------------
+
+
+def cpu_spec(spec: Any) -> Any:
+    """The spec as the jobs worker checks it: on the CPU (fp16 needs CUDA, so fp32 instead)."""
+    train = spec.train
+    if train.precision == "fp16":
+        train = train.model_copy(update={"precision": "fp32"})
+    return spec.model_copy(update={"device": "cpu", "train": train})
+
+
+def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[dict, bytes | None]:
+    """(result, sample grid PNG) of app/ui/preflight_job.py run in a fresh subprocess on this host."""
+    from core.config import RunSpec
+    from worker.artifacts import localize_dataset
+
+    spec = RunSpec.model_validate(spec_data)
+    try:  # an uploaded dataset whose folder is on the app's host only: read it from the store
+        from worker.tasks import engine
+
+        spec = localize_dataset(spec, store, engine())
+    except Exception as e:  # noqa: BLE001 - the pre-flight says what is missing
+        log.warning("could not localize the dataset of a pre-flight: %s", e)
+    with tempfile.TemporaryDirectory(prefix="torchdeck-job-preflight-") as tmp:
+        spec_path, out = Path(tmp) / "spec.yaml", Path(tmp) / "out"
+        spec_path.write_text(cpu_spec(spec).to_yaml())
+        cmd = [sys.executable, "-m", "app.ui.preflight_job", str(spec_path), str(out)]
+        try:
+            done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                                  env=_child_env())
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"pre-flight did not finish within {timeout_s:.0f} s"}, None
+        result_path = out / "result.json"
+        if not result_path.is_file():
+            return {"ok": False, "error": "pre-flight crashed: " + _tail(done)}, None
+        result = json.loads(result_path.read_text())
+        grid = out / "samples.png"
+        return result, (grid.read_bytes() if grid.is_file() else None)
+
+
+@app.task(name=PREFLIGHT_TASK, ignore_result=True)
+def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
+    store = WorkerSettings().store()
+    _started(store, job_id)
+    try:
+        result, grid = run_preflight(spec, store, timeout_s)
+    except Exception as e:  # noqa: BLE001 - the answer says what went wrong
+        result, grid = {"ok": False, "error": f"{e.__class__.__name__}: {e}",
+                        "traceback": traceback.format_exc()[-4000:]}, None
+    result["worker"] = socket.gethostname()
+    if grid is not None:
+        store.put_bytes(grid, job_key(job_id, "samples.png"))
+    _put_json(store, job_id, "result.json", result)  # last: its presence means the answer is complete
+    return "ok" if result.get("ok") else "failed"
+
+
+# --- export now -----------------------------------------------------------------------------------------
+
+
+def run_export(run_id: str, formats: list[str], checkpoint: str = "best", settings: WorkerSettings | None = None,
+               timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
+    """`torchdeck export` of the run's folder on this host (checkpoint fetched from the store when missing),
+    then the files registered as the run's artifacts. Returns {"ok", "output", "added"}."""
+    from core.config import EXPORT_FORMATS
+    from worker.artifacts import fetch_checkpoints, needs_upload
+
+    s = settings or WorkerSettings()
+    unknown = [f for f in formats if f not in EXPORT_FORMATS]
+    if unknown or not formats or checkpoint not in ("best", "last"):
+        return {"ok": False, "output": f"choose formats among {', '.join(EXPORT_FORMATS)} and checkpoint best or last"}
+    store, folder = s.store(), s.run_dir(run_id)
+    if needs_upload(store, folder):  # the store is not this host's folder: the run may have trained elsewhere
+        fetch_checkpoints(store, run_id, folder)
+    if not (folder / "checkpoints" / f"{checkpoint}.pt").is_file():
+        return {"ok": False, "output": f"run {run_id} has no {checkpoint} checkpoint on {socket.gethostname()} nor in "
+                                       f"the artifact store {store.url}"}
+    report_path = folder / "export" / "export.json"
+    report_path.unlink(missing_ok=True)  # never register an older export's report
+    cmd = [sys.executable, "-m", "app.cli", "export", str(folder), "--checkpoint", checkpoint,
+           "--formats", ",".join(formats)]
+    try:
+        done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                              env=_child_env())
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "output": f"export did not finish within {timeout_s:.0f} s"}
+    output = (done.stdout + done.stderr).strip()
+    if not report_path.is_file():
+        return {"ok": False, "output": output or f"export failed with exit code {done.returncode}"}
+    # The dashboard's own registration: the same kinds, meta and store keys as a local export.
+    from app.ui.actions import register_exports
+    from worker.tasks import engine
+
+    added = register_exports(engine(), run_id, folder / "export", formats)
+    return {"ok": done.returncode == 0, "output": output, "added": added}
+
+
+@app.task(name=EXPORT_TASK, ignore_result=True)
+def export(job_id: str, run_id: str, formats: list[str], checkpoint: str = "best",
+           timeout_s: float = EXPORT_TIMEOUT_S) -> str:
+    store = WorkerSettings().store()
+    _started(store, job_id)
+    try:
+        result = run_export(run_id, formats, checkpoint, timeout_s=timeout_s)
+    except Exception as e:  # the answer says what went wrong
+        log.exception("export of run %s failed", run_id)
+        result = {"ok": False, "output": f"{e.__class__.__name__}: {e}"}
+    result["worker"] = socket.gethostname()
+    _put_json(store, job_id, "result.json", result)
+    return "ok" if result.get("ok") else "failed"
