@@ -230,6 +230,12 @@ def check_workers(engine) -> list[Check]:
         checks.append(Check("workers", False, f"{what}, which no live worker consumes", start_fix, stale_note))
     else:
         checks.append(Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note))
+    if "jobs" not in consumed:
+        checks.append(Check("jobs", False, "no live worker serves the jobs queue: the dashboard's pre-flight and "
+                            "'Export now' wait for one wherever the dashboard cannot run them itself (the "
+                            "torch-free team image, or a run trained on another host)",
+                            "`torchdeck worker` starts a jobs worker next to its run workers (unless --no-jobs); "
+                            "team mode: `docker compose up -d worker-cpu`"))
     return checks
 
 

@@ -66,6 +66,7 @@ def deployment(tmp_path: Path, redis_server) -> dict[str, str]:
     upgrade(url)
     engine = make_engine(url)
     upsert_worker(engine, "cpu@testhost", hostname="testhost", queues=["cpu"], devices=[{"kind": "cpu", "cores": 2}])
+    upsert_worker(engine, "jobs@testhost", hostname="testhost", queues=["jobs"], devices=[{"kind": "cpu", "cores": 2}])
     engine.dispose()
     return {"TORCHDECK_HOME": str(tmp_path / "home"), "TORCHDECK_DATABASE_URL": url,
             "TORCHDECK_BROKER_URL": redis_server.url(), "TORCHDECK_ARTIFACTS": str(tmp_path / "artifacts")}
@@ -190,6 +191,8 @@ def test_no_live_worker_and_gpu_worker_without_gpu(deployment, doctor_here):
     code, out = doctor_here(deployment)
     assert code == 1
     assert "sees no GPU" in line(out, "✗", "worker gpu0@box")
+    jobs = line(out, "✗", "jobs")  # the jobs worker stopped with the CPU one
+    assert "no live worker serves the jobs queue" in jobs and "fix: `torchdeck worker`" in jobs
 
 
 def test_team_mode_without_sign_in_settings(deployment, doctor_here):
