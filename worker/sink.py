@@ -8,7 +8,6 @@ the batch and retries with backoff, so a brief outage loses nothing; memory stay
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -26,20 +25,12 @@ from db.repo import (
     append_metrics,
     heartbeat,
 )
-from db.store import ArtifactStore, StoredObject
+from db.store import ArtifactStore, StoredObject, file_sha256
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.sink")
 
 MAX_BUFFERED_POINTS = 2_000_000  # ~200 MB; at 1,000 points/s that is half an hour of outage
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class DbSink:
@@ -181,7 +172,7 @@ class DbSink:
                     add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
                 else:
                     p = Path(path)
-                    size, digest = (p.stat().st_size, file_sha256(p)) if p.is_file() else (None, None)
+                    size, digest = file_sha256(p) if p.is_file() else (None, None)
                     add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest,
                                  meta=meta)
                 artifacts.pop(0)

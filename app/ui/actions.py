@@ -5,7 +5,6 @@ files are elsewhere, a jobs worker does it (worker/jobs.py; TORCHDECK_JOBS=local
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -108,14 +107,6 @@ def latest_by_kind(artifacts: list[repo.ArtifactRecord]) -> dict[str, repo.Artif
     for a in sorted(artifacts, key=lambda a: a.created_at):
         out[a.kind] = a
     return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def export_now(engine: Engine, run_id: str, formats: list[str], checkpoint: str = "best") -> tuple[bool, str]:
