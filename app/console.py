@@ -30,7 +30,7 @@ class ConsoleSink:
                 f"val/acc {values['val/acc']:.4f}  [dim]{values.get('epoch_time_s', 0):.1f}s[/dim]"
             )
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         if kind in ("lifecycle", "preflight", "export") or level != "info":
             style = _LEVEL_STYLE.get(level, "")
             self.bar.console.print(f"[{style}]{kind}[/{style}] {message}", highlight=False)

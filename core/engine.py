@@ -21,6 +21,7 @@ from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
 from core.diagnosis import Diagnoser
 from core.events import Control, Sink
 from core.models import Classifier
+from core.names import CLASS_ACC_PREFIX, class_acc_key
 from core.optim import AmpStep, Schedule, apply_transfer
 
 
@@ -254,13 +255,18 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
          "mem/peak_mb": _peak_memory_mb(t.device)}
     names = t.data.info.class_names
     per_class = (cm.diag().float() / cm.sum(1).clamp_min(1).float()).tolist()
+    keys = [class_acc_key(n) for n in names]  # a class name never makes a key the store refuses
     if len(names) <= 50:
-        m.update({f"val/acc_class/{n}": v for n, v in zip(names, per_class, strict=True)})
+        m.update(dict(zip(keys, per_class, strict=True)))
     t.sink.metrics(t.global_step, epoch, m)
-    t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}",
-                 {"epoch": epoch, "confusion": cm.tolist(), "per_class_acc": per_class, "class_names": names})
-    t.history.append({k: v for k, v in m.items() if not k.startswith("val/acc_class/")})
-    t.diagnoser.epoch(epoch, m)
+    data = {"code": "evaluation", "epoch": epoch, "confusion": cm.tolist(), "per_class_acc": per_class, "class_names": names}
+    shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
+    if shortened:
+        data["class_keys"] = shortened  # the full name of each shortened per-class key
+    t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}", data,
+                 step=t.global_step)
+    t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
+    t.diagnoser.epoch(epoch, m, t.global_step)
     monitor = t.spec.train.early_stopping.monitor
     value = m["train/epoch_loss"] if monitor == "train/loss" else m[monitor]
     best = t.early.update(value, epoch)
@@ -269,7 +275,8 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     ck = t.spec.checkpoint
     payload = _checkpoint_payload(t, epoch) if (ck.save_last or (ck.save_best and best)) else None
     # Metrics up to this step must be stored before the checkpoint that a resumed run starts from,
-    # or a crash right after it would leave a gap no resume can fill. Sinks that buffer say so with flush().
+    # or a crash right after it would leave a gap no resume can fill. Sinks that buffer say so with flush();
+    # one that cannot store everything in time reports it itself (the worker's sink marks the run degraded).
     flush = getattr(t.sink, "flush", None)
     if payload is not None and flush is not None:
         flush()
@@ -279,7 +286,7 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
         save_checkpoint(t.out_dir / "checkpoints" / "last.pt", payload)
     if t.early.should_stop:
         t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
-                     f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"})
+                     f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)
         return "early_stopped"
     return None
 
@@ -290,7 +297,7 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
         trained = apply_transfer(t.model, t.spec.model, epoch)
         if t.spec.model.unfreeze_at_epoch == epoch:
             t.sink.event("lifecycle", "info", f"progressive unfreezing: training {', '.join(trained)} from epoch {epoch}",
-                         {"code": "unfreeze", "stages": trained})
+                         {"code": "unfreeze", "stages": trained}, step=t.global_step)
         t0 = time.perf_counter()
         try:
             train_m = train_one_epoch(t, epoch)

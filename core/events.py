@@ -17,11 +17,16 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class Sink(Protocol):
-    """What core reports through. A sink that buffers may also define `flush()`: core calls it
-    before writing each checkpoint, so a resumed run never leaves a gap in stored metrics."""
+    """What core reports through. A sink that buffers may also define `flush() -> bool`: core calls
+    it before writing each checkpoint, so a resumed run never leaves a gap in stored metrics.
+
+    `event(..., step=N)` says the event belongs to the training at global step N (an evaluation, a
+    diagnosis, the end of the run): a resumed attempt that replays step N emits it again, and a sink
+    that stores events keeps it once. Events without a step belong to the attempt itself (its
+    start-up: data, model, "resumed from"), one set per attempt."""
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None: ...
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None: ...
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None: ...
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None: ...
     def progress(self, done: int, total: int) -> None: ...
 
@@ -81,8 +86,9 @@ class JsonlSink:
         rec = {"step": step, "epoch": epoch, "time": time.time(), "values": _json_safe(values)}
         self._metrics.write(json.dumps(rec) + "\n")
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
-        rec = {"time": time.time(), "kind": kind, "level": level, "message": message, "data": _json_safe(data or {})}
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
+        rec = {"time": time.time(), "kind": kind, "level": level, "message": message, "data": _json_safe(data or {}),
+               "step": step}
         self._events.write(json.dumps(rec) + "\n")
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
@@ -103,19 +109,21 @@ class MultiSink:
     def __init__(self, *sinks: Sink) -> None:
         self.sinks = sinks
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        ok = True
         for s in self.sinks:
             f = getattr(s, "flush", None)
             if f is not None:
-                f()
+                ok = f() is not False and ok
+        return ok
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
         for s in self.sinks:
             s.metrics(step, epoch, values)
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         for s in self.sinks:
-            s.event(kind, level, message, data)
+            s.event(kind, level, message, data, step=step)
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
         for s in self.sinks:
@@ -138,8 +146,8 @@ class MemorySink:
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
         self.metric_rows.append((step, epoch, dict(values)))
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
-        self.events.append({"kind": kind, "level": level, "message": message, "data": data or {}})
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
+        self.events.append({"kind": kind, "level": level, "message": message, "data": data or {}, "step": step})
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
         self.artifacts.append({"kind": kind, "path": str(path), "meta": meta or {}})
@@ -165,7 +173,7 @@ class PrintSink:
             print(f"epoch {epoch:3d}  train/loss {values.get('train/epoch_loss', float('nan')):.4f}  "
                   f"val/loss {values['val/loss']:.4f}  val/acc {values['val/acc']:.4f}  ({values.get('epoch_time_s', 0):.1f}s)", flush=True)
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         if level != "info" or kind in ("lifecycle", "preflight"):
             print(f"[{level}] {message}", flush=True)
             if data and data.get("advice"):

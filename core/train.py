@@ -107,17 +107,17 @@ def _resume(t: Trainer, path: Path, sink: Sink) -> int:
 def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
     shapes = check_shapes(t.model, t.data, t.device)
     sink.event("preflight", "info", f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
-               {"code": "shape_check", **shapes})
+               {"code": "shape_check", **shapes}, step=0)
     grid = sample_grid(t.data, out / "samples.png")
     sink.artifact("sample_grid", str(grid), {"labels": "class names under each image"})
     if t.spec.train.overfit_check:
         r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
         if r["passed"]:
             sink.event("preflight", "info", f"overfit-one-batch passed: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}",
-                       {"code": "overfit_check", **r})
+                       {"code": "overfit_check", **r}, step=0)
         else:
             t.diagnoser.emit("overfit_check_failed", "warning", f"could not overfit one batch of {r['batch']} in {r['steps']} "
-                             f"steps: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}, batch accuracy {r['batch_acc']:.0%}", **r)
+                             f"steps: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}, batch accuracy {r['batch_acc']:.0%}", at_step=0, **r)
 
 
 def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False) -> dict[str, Any]:
@@ -142,10 +142,11 @@ def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Contro
         t and _diagnose_divergence(t, e)
     except torch.OutOfMemoryError as e:
         status, error = "failed", f"out of memory: {e}"
-        sink.event("diagnosis", "error", "CUDA out of memory", {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]})
+        sink.event("diagnosis", "error", "CUDA out of memory", {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]},
+                   step=t and t.global_step)
     except Exception as e:  # noqa: BLE001 - the run ends as failed with the traceback recorded
         status, error = "failed", f"{e.__class__.__name__}: {e}"
-        sink.event("lifecycle", "error", error, {"code": "failed", "traceback": traceback.format_exc()})
+        sink.event("lifecycle", "error", error, {"code": "failed", "traceback": traceback.format_exc()}, step=t and t.global_step)
     summary = _finish(t, spec, out, sink, status, error, time.time() - start)
     return summary
 
@@ -156,7 +157,7 @@ def _diagnose_divergence(t: Trainer, e: Diverged) -> None:
         data["first_bad_op"] = _find_nan_source(t)
     where = f"; first non-finite gradient in {data['first_bad_op']}" if data.get("first_bad_op") else ""
     t.sink.event("diagnosis", "error", f"loss became {e.value} at step {e.step}{where}",
-                 {"code": "non_finite_loss", "advice": ADVICE["non_finite_loss"], **data})
+                 {"code": "non_finite_loss", "advice": ADVICE["non_finite_loss"], **data}, step=e.step)
 
 
 def _find_nan_source(t: Trainer) -> str | None:
@@ -196,10 +197,10 @@ def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str
             if p.is_file():
                 sink.artifact(f"checkpoint_{kind}", str(p), {"epoch": t.early.best_epoch if kind == "best" else t.epoch})
     if t is not None and spec.export.formats and status in ("completed", "early_stopped"):
-        summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink)
+        summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink, step=t.global_step)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     sink.event("lifecycle", "error" if status in ("failed", "diverged") else "info", f"run {status}"
-               + (f": {error}" if error else ""), {"code": status, "summary": summary})
+               + (f": {error}" if error else ""), {"code": status, "summary": summary}, step=t and t.global_step)
     return summary
 
 
@@ -210,8 +211,9 @@ def validation_inputs(info: DataInfo, val, n: int, device: torch.device) -> torc
     return Preprocess(info, None, device)(x.to(device))
 
 
-def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink) -> dict[str, Any]:
-    """Export + verify (core.export), registering each produced file as an artifact."""
+def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink, step: int | None = None) -> dict[str, Any]:
+    """Export + verify (core.export), registering each produced file as an artifact. `step`: the training
+    step the export belongs to (the end of the run), None for an export made later from a checkpoint."""
     from core.checkpoint import versions
     from core.export import export_model
 
@@ -219,7 +221,7 @@ def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: S
     inputs = validation_inputs(info, val, spec.export.parity_samples, torch.device("cpu"))
     meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size, "mean": info.mean,
             "std": info.std, "spec_hash": spec.spec_hash(), "arch": spec.model.name, "versions": versions()}
-    sink.event("lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"})
+    sink.event("lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"}, step=step)
     report = export_model(model, inputs, out, list(spec.export.formats), meta, atol=spec.export.atol, opset=spec.export.opset)
     files = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}
     for fmt in spec.export.formats:
@@ -227,7 +229,8 @@ def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: S
         if (out / files[fmt]).is_file():
             sink.artifact(fmt, str(out / files[fmt]), r)
         if not r.get("ok", False):
-            sink.event("export", "warning", f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}", {"code": "export_failed", "format": fmt})
+            sink.event("export", "warning", f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}",
+                       {"code": "export_failed", "format": fmt}, step=step)
     for name, kind in (("export.json", "export_report"), ("bundle.zip", "bundle")):
         if (out / name).is_file():
             sink.artifact(kind, str(out / name), {})

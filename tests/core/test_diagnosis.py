@@ -40,7 +40,7 @@ def test_loss_not_decreasing_after_three_epochs():
     sink = MemorySink()
     d = Diagnoser(sink)
     for e in range(1, 4):
-        d.epoch(e, _epoch(2.30, 0.1, 2.30, 0.1))
+        d.epoch(e, _epoch(2.30, 0.1, 2.30, 0.1), 10 * e)
     assert sink.codes() == ["loss_not_decreasing"]
     assert "label" in sink.events[0]["data"]["advice"]
 
@@ -49,13 +49,13 @@ def test_overfitting_when_gap_keeps_growing():
     sink = MemorySink()
     d = Diagnoser(sink)
     for e, (ta, va, vl) in enumerate([(0.80, 0.78, 0.50), (0.92, 0.79, 0.55), (0.99, 0.78, 0.70)], 1):
-        d.epoch(e, _epoch(1.0 / e, ta, vl, va))
+        d.epoch(e, _epoch(1.0 / e, ta, vl, va), 10 * e)
     assert "overfitting" in sink.codes()
 
 
 def test_data_bound_epoch():
     sink = MemorySink()
-    Diagnoser(sink).epoch(1, _epoch(1.0, 0.5, 1.0, 0.5, wait=0.8))
+    Diagnoser(sink).epoch(1, _epoch(1.0, 0.5, 1.0, 0.5, wait=0.8), 10)
     assert sink.codes() == ["data_bound"] and "num_workers" in sink.events[0]["data"]["advice"]
 
 
