@@ -30,6 +30,14 @@ class RunStillActive(ValueError):
         self.run_id = run_id
 
 
+class NotOwned(RuntimeError):
+    """A write on behalf of a worker that no longer owns the run (another worker claimed it, or it ended)."""
+
+    def __init__(self, run_id: str, worker_id: str) -> None:
+        super().__init__(f"run {run_id!r} is no longer owned by worker {worker_id!r}")
+        self.run_id, self.worker_id = run_id, worker_id
+
+
 class SchemaOutOfDate(RuntimeError):
     """The database schema is not the one this code was written for."""
 

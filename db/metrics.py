@@ -31,7 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
 from db.engine import connection_scope
-from db.errors import RunNotFound
+from db.errors import NotOwned, RunNotFound
 from db.models import Metric, MetricRollup, Run
 from db.rollup import MAX_STEP, ROW_COLUMNS, WHOLE_SERIES_LEVEL, rollup_rows
 from db.types import KEY_LEN, MetricPoint, MetricSummary, stored_float
@@ -51,19 +51,31 @@ _PG_LOCK_NAMESPACE = 0x7464
 _key, _step, _value, _epoch, _wall = map(attrgetter, ("key", "step", "value", "epoch", "wall_time"))
 
 
-def append_metrics(engine: Engine, run_id: str, points: Iterable[MetricPoint]) -> int:
+def append_metrics(engine: Engine, run_id: str, points: Iterable[MetricPoint], *, worker_id: str | None = None) -> int:
     """Store metric points of one run; returns how many were new.
 
     Points whose (key, step) is already stored, in the database or earlier in
     the same batch, are ignored. NaN and ±inf are stored and flagged
     (`nonfinite`). Raises RunNotFound for an unknown run and ValueError for a
-    bad key, step or value, before anything is written.
+    bad key, step or value, before anything is written (`point_problem` says
+    which point). With `worker_id`, nothing is written unless that worker still
+    owns the run (NotOwned): a worker that lost its run never writes into it.
     """
     # All the Python work happens before the transaction: on SQLite the write
     # lock, shared by every worker, is then held only for the SQL itself.
     batch = prepare(run_id, points)
     with connection_scope(engine, write=True) as conn:
-        return write_batch(conn, batch)
+        return write_batch(conn, batch, worker_id)
+
+
+def point_problem(point: MetricPoint) -> str | None:
+    """Why append_metrics would refuse this point, or None (the same checks, one point)."""
+    try:
+        _check_key(point.key)
+        _columns(point.key, [point], 0.0)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 @dataclass
@@ -178,9 +190,9 @@ def _is_number(value: object) -> bool:
     return True
 
 
-def write_batch(conn: Connection, batch: Batch) -> int:
+def write_batch(conn: Connection, batch: Batch, worker_id: str | None = None) -> int:
     """Write a prepared batch inside the caller's write transaction; returns the new points."""
-    lock_run_for_append(conn, batch.run_id)
+    lock_run_for_append(conn, batch.run_id, worker_id)
     stored = _stored_steps(conn, batch.run_id, {c.key: c.steps for c in batch.series})
     if stored != batch.planned_without:  # a replay: plan again without the points already there
         _plan(batch, stored)
@@ -207,15 +219,19 @@ def _plan(batch: Batch, stored: dict[str, set[int]]) -> None:
     batch.rollups = rollup_rows((c.key, c.steps, c.values) for c in new)
 
 
-def lock_run_for_append(conn: Connection, run_id: str) -> None:
-    """Fail with RunNotFound for an unknown run; serialize appends to one run on Postgres."""
+def lock_run_for_append(conn: Connection, run_id: str, worker_id: str | None = None) -> None:
+    """Fail with RunNotFound for an unknown run (NotOwned when `worker_id` no longer owns it);
+    serialize appends to one run on Postgres."""
     if conn.dialect.name == "postgresql":
         conn.execute(
             text(f"SELECT pg_advisory_xact_lock({_PG_LOCK_NAMESPACE}, hashtext(:run_id))"),
             {"run_id": run_id},
         )
-    if conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
+    row = conn.execute(select(Run.id, Run.worker_id, Run.status).where(Run.id == run_id)).first()
+    if row is None:
         raise RunNotFound(run_id)
+    if worker_id is not None and (row.worker_id != worker_id or row.status not in ("running", "lost")):
+        raise NotOwned(run_id, worker_id)
 
 
 def _stored_steps(conn: Connection, run_id: str, series: dict[str, list[int]]) -> dict[str, set[int]]:

@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from db.types import (
     DATASET_STATUSES,
+    EVENT_KEY_LEN,
     ID_LEN,
     KEY_LEN,
     NAME_LEN,
@@ -107,6 +108,8 @@ class Run(Base):
         String(ID_LEN), ForeignKey("run.id", ondelete="SET NULL"), index=True
     )
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Why the run's stored record may be incomplete (e.g. metrics not stored before a checkpoint); NULL when whole.
+    degraded: Mapped[str | None] = mapped_column(Text)
 
 
 class RunTag(Base):
@@ -175,7 +178,12 @@ class MetricRollup(Base):
 
 class Event(Base):
     __tablename__ = "event"
-    __table_args__ = (Index("ix_event_run_id_id", "run_id", "id"),)
+    __table_args__ = (
+        Index("ix_event_run_id_id", "run_id", "id"),
+        # An event's key makes it idempotent: a resumed attempt replaying a step stores its events once.
+        # Events without a key (a reaper's note, a supervisor's exit reason) are stored as they come.
+        Index("uq_event_run_id_key", "run_id", "key", unique=True),
+    )
 
     # BIGINT on Postgres; SQLite only auto-increments a column declared INTEGER.
     id: Mapped[int] = mapped_column(
@@ -188,6 +196,7 @@ class Event(Base):
     code: Mapped[str | None] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    key: Mapped[str | None] = mapped_column(String(EVENT_KEY_LEN))
 
 
 class Artifact(Base):

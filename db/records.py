@@ -10,10 +10,11 @@ from sqlalchemy import Engine, delete, insert, select
 
 from db.engine import connection_scope, session_scope
 from db.errors import ArtifactNotFound, DatasetNotFound, RunNotFound
-from db.metrics import lock_run_for_append
+from db.metrics import IN_CHUNK, lock_run_for_append
 from db.models import Artifact, Dataset, Event, Run, Worker
 from db.types import (
     DATASET_STATUSES,
+    EVENT_KEY_LEN,
     EVENT_LEVELS,
     NAME_LEN,
     WORKER_ID_LEN,
@@ -29,27 +30,56 @@ from db.types import (
 MAX_EVENTS_PAGE = 10_000
 
 
-def append_events(engine: Engine, run_id: str, events: Iterable[EventInput]) -> int:
-    """Store events of one run in one transaction; returns how many."""
+def append_events(engine: Engine, run_id: str, events: Iterable[EventInput], *, worker_id: str | None = None) -> int:
+    """Store events of one run in one transaction; returns how many were new.
+
+    An event whose `key` the run already has is ignored (a resumed attempt replaying a step). With
+    `worker_id`, nothing is written unless that worker still owns the run (NotOwned). Raises
+    ValueError for a malformed event before anything is written (see `event_problem`).
+    """
     now = utcnow()
     rows: list[dict[str, Any]] = []
     for event in events:
-        if event.level not in EVENT_LEVELS:
-            raise ValueError(f"event level {event.level!r}: use one of {', '.join(EVENT_LEVELS)}")
-        if not event.kind or len(event.kind) > 32:
-            raise ValueError(f"event kind {event.kind!r}: 1 to 32 characters")
-        if event.code is not None and len(event.code) > 64:
-            raise ValueError(f"event code {event.code[:40]!r}...: at most 64 characters")
+        problem = event_problem(event)
+        if problem:
+            raise ValueError(problem)
         rows.append({
             "run_id": run_id, "time": event.time or now, "kind": event.kind, "level": event.level,
             "code": event.code, "message": str(event.message),
-            "data": json_safe(event.data) if event.data is not None else None,
+            "data": json_safe(event.data) if event.data is not None else None, "key": event.key,
         })
     with connection_scope(engine, write=True) as conn:
-        lock_run_for_append(conn, run_id)
-        if rows:
-            conn.execute(insert(Event), rows)
-    return len(rows)
+        lock_run_for_append(conn, run_id, worker_id)
+        if not rows:
+            return 0
+        keyed = [r for r in rows if r["key"] is not None]
+        plain = [r for r in rows if r["key"] is None]
+        if plain:
+            conn.execute(insert(Event), plain)
+        if not keyed:
+            return len(plain)
+        # Keys already stored are left out here (portable); ON CONFLICT covers a key repeated in the batch.
+        wanted, known = [r["key"] for r in keyed], set()
+        for start in range(0, len(wanted), IN_CHUNK):
+            query = select(Event.key).where(Event.run_id == run_id, Event.key.in_(wanted[start:start + IN_CHUNK]))
+            known.update(conn.execute(query).scalars())
+        fresh = list({r["key"]: r for r in reversed(keyed) if r["key"] not in known}.values())[::-1]
+        if fresh:
+            conn.execute(insert(Event), fresh)
+        return len(plain) + len(fresh)
+
+
+def event_problem(event: EventInput) -> str | None:
+    """Why the store would refuse this event, or None."""
+    if event.level not in EVENT_LEVELS:
+        return f"event level {event.level!r}: use one of {', '.join(EVENT_LEVELS)}"
+    if not event.kind or len(event.kind) > 32:
+        return f"event kind {str(event.kind)[:40]!r}: 1 to 32 characters"
+    if event.code is not None and len(event.code) > 64:
+        return f"event code {event.code[:40]!r}...: at most 64 characters"
+    if event.key is not None and not 0 < len(event.key) <= EVENT_KEY_LEN:
+        return f"event key {event.key[:40]!r}...: 1 to {EVENT_KEY_LEN} characters"
+    return None
 
 
 def list_events(

@@ -8,15 +8,17 @@ callers import them from.
 from db.errors import (
     ArtifactNotFound,
     DatasetNotFound,
+    NotOwned,
     RunNotFound,
     RunStillActive,
     SchemaOutOfDate,
 )
 from db.listing import list_runs
-from db.metrics import append_metrics, metric_keys
+from db.metrics import append_metrics, metric_keys, point_problem
 from db.records import (
     add_artifact,
     append_events,
+    event_problem,
     create_dataset,
     delete_dataset,
     get_artifact,
@@ -36,8 +38,9 @@ from db.runs import (
     finish_run,
     get_run,
     heartbeat,
+    mark_degraded,
     mark_lost,
-    requeue_lost,
+    unclaimed_runs,
     request_cancel,
     set_tags,
     stale_runs,
@@ -60,14 +63,14 @@ from db.types import (
 )
 
 __all__ = [
-    "ArtifactNotFound", "DatasetNotFound", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
+    "ArtifactNotFound", "DatasetNotFound", "NotOwned", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
     "ArtifactRecord", "Comparison", "DatasetRecord", "EventInput", "EventRecord",
     "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",
     "SeriesPoint", "WorkerRecord",
     "create_run", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
-    "finish_run", "stale_runs", "mark_lost", "requeue_lost", "delete_run", "list_runs",
-    "append_metrics", "metric_keys", "series", "compare",
-    "append_events", "list_events", "add_artifact", "get_artifact", "list_artifacts",
+    "finish_run", "stale_runs", "mark_lost", "mark_degraded", "unclaimed_runs", "delete_run", "list_runs",
+    "append_metrics", "metric_keys", "point_problem", "series", "compare",
+    "append_events", "event_problem", "list_events", "add_artifact", "get_artifact", "list_artifacts",
     "upsert_worker", "list_workers", "remove_worker",
     "create_dataset", "get_dataset", "list_datasets", "update_dataset", "delete_dataset",
 ]

@@ -26,6 +26,7 @@ from db.types import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
     NAME_LEN,
+    RUN_STATUSES,
     OWNER_LEN,
     TAG_LEN,
     WORKER_ID_LEN,
@@ -146,7 +147,8 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         finished_at=row.finished_at, heartbeat_at=row.heartbeat_at, worker_id=row.worker_id,
         device=row.device, attempt=row.attempt, progress=row.progress,
         summary=row.summary or {}, error=row.error, tags=tuple(tags),
-        parent_id=row.parent_id, cancel_requested=bool(row.cancel_requested), metrics=metrics,
+        parent_id=row.parent_id, cancel_requested=bool(row.cancel_requested), degraded=row.degraded,
+        metrics=metrics,
     )
 
 
@@ -242,12 +244,17 @@ def finish_run(
     summary: Mapping[str, Any] | None = None,
     error: str | None = None,
     worker_id: str | None = None,
+    only_from: Sequence[str] = _FINISHABLE,
 ) -> RunRecord | None:
     """End a run with a final status, summary (best metric, final figures) and error.
 
-    Returns None, changing nothing, when the run had already finished or (with
-    `worker_id`) another worker has claimed it since.
+    Returns None, changing nothing, when the run had already finished, is no
+    longer in one of `only_from` (a reaper ends only a run still `lost`, never
+    one a worker claimed since), or (with `worker_id`) another worker has
+    claimed it since.
     """
+    if not set(only_from) <= set(_FINISHABLE):
+        raise ValueError(f"only_from {tuple(only_from)}: a run is finished from {_FINISHABLE} only")
     if status not in FINISHED_STATUSES:
         raise ValueError(f"status {status!r} does not finish a run; use one of {FINISHED_STATUSES}")
     values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
@@ -258,7 +265,7 @@ def finish_run(
     with session_scope(engine) as session:
         stmt = (
             update(Run)
-            .where(Run.id == run_id, Run.status.in_(_FINISHABLE))
+            .where(Run.id == run_id, Run.status.in_(tuple(only_from)))
             .values(**values)
             .execution_options(synchronize_session=False)
         )
@@ -294,37 +301,55 @@ def mark_lost(engine: Engine, older_than_s: float) -> list[str]:
         return sorted(session.execute(stmt).scalars())
 
 
-def requeue_lost(engine: Engine, older_than_s: float) -> list[str]:
-    """`lost` runs nobody has claimed for `older_than_s` (by heartbeat age): their ids, with the
-    heartbeat reset to now so that the next call returns them only after another period. For the
-    reaper to send such a run again: the reaper that marked it lost may have died before sending
-    it, and a lost run without a message would wait forever. A duplicate message is harmless (the
-    claim is atomic), so concurrent reapers need no more than this one UPDATE."""
-    now = utcnow()
+def unclaimed_runs(engine: Engine, older_than_s: float, limit: int = 10_000) -> list[RunRecord]:
+    """Runs waiting for a worker for longer than `older_than_s`: `queued` ones by creation time, `lost`
+    ones by their last heartbeat. The reaper checks that each still has a message in the broker (a
+    Redis restarted without persistence, or a reaper that died before sending, leaves none)."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    query = select(Run.id).where(
+        ((Run.status == "queued") & (Run.created_at < cutoff)) | ((Run.status == "lost") & (Run.heartbeat_at < cutoff))
+    ).order_by(Run.created_at).limit(limit)
+    with connection_scope(engine) as conn:
+        ids = list(conn.execute(query).scalars())
+        found = load_runs(conn, ids)
+    return [found[run_id] for run_id in ids if run_id in found]
+
+
+def mark_degraded(engine: Engine, run_id: str, reason: str) -> bool:
+    """Record why a run's stored record may be incomplete (the first reason is kept); True if newly marked."""
     with session_scope(engine) as session:
         stmt = (
-            update(Run)
-            .where(Run.status == "lost", Run.heartbeat_at < now - timedelta(seconds=older_than_s))
-            .values(heartbeat_at=now)
-            .returning(Run.id)
+            update(Run).where(Run.id == run_id, Run.degraded.is_(None)).values(degraded=reason[:2000])
             .execution_options(synchronize_session=False)
         )
-        return sorted(session.execute(stmt).scalars())
+        changed = session.execute(stmt).rowcount == 1
+        if not changed:
+            _require(session, run_id)
+        return changed
 
 
 def delete_run(engine: Engine, run_id: str, *, force: bool = False) -> list[str]:
     """Delete a run with its metrics, events, artifacts and tags; returns the
     artifact URIs, whose files the caller removes. Children keep existing
-    (their parent link is cleared). A running run needs `force=True`."""
+    (their parent link is cleared). A running run needs `force=True`; a lost
+    run's process, if it still lives, finds its run gone and stops.
+
+    The run's row is locked first (Postgres: FOR UPDATE; SQLite: the write
+    lock of BEGIN IMMEDIATE) and the final DELETE is conditional on the status
+    read, so a worker claiming the run concurrently either claims it before
+    (and the delete is refused) or finds it gone.
+    """
+    deletable = tuple(RUN_STATUSES) if force else tuple(s for s in RUN_STATUSES if s != "running")
     with connection_scope(engine, write=True) as conn:
         lock_run_for_append(conn, run_id)  # no append may interleave with the delete
-        status = conn.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
-        if status == "running" and not force:
+        status = conn.execute(select(Run.status).where(Run.id == run_id).with_for_update()).scalar_one()
+        if status not in deletable:
             raise RunStillActive(run_id, status)
         uris = list(conn.execute(select(Artifact.uri).where(Artifact.run_id == run_id)).scalars())
         for model in (Metric, MetricRollup, Event, Artifact, RunTag):
             conn.execute(delete(model.__table__).where(model.__table__.c.run_id == run_id))
         conn.execute(update(Run.__table__).where(Run.parent_id == run_id).values(parent_id=None))
-        conn.execute(delete(Run.__table__).where(Run.id == run_id))
+        gone = conn.execute(delete(Run.__table__).where(Run.id == run_id, Run.status.in_(deletable))).rowcount
+        if gone != 1:  # cannot happen under the row lock; never delete half a run
+            raise RunStillActive(run_id, "changing")
     return uris
-

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from core.names import MAX_METRIC_KEY
+
 RUN_STATUSES = (
     "queued",
     "running",
@@ -33,7 +35,8 @@ ID_LEN = 32
 NAME_LEN = 200
 OWNER_LEN = 100
 TAG_LEN = 64
-KEY_LEN = 200
+KEY_LEN = MAX_METRIC_KEY  # metric keys (core.names builds the ones made from user input)
+EVENT_KEY_LEN = 160
 WORKER_ID_LEN = 200
 
 
@@ -90,6 +93,8 @@ class RunRecord:
     tags: tuple[str, ...]
     parent_id: str | None
     cancel_requested: bool
+    # Why the stored record may be incomplete (see db.runs.mark_degraded); None when whole.
+    degraded: str | None = None
     # Per metric key; filled by get_run and list_runs.
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
 
@@ -164,6 +169,8 @@ class EventInput:
     code: str | None = None
     data: Mapping[str, Any] | None = None
     time: datetime | None = None  # default: when appended
+    # Idempotency key within the run: a second event with the same key is ignored. None: always stored.
+    key: str | None = None
 
 
 @dataclass(frozen=True)

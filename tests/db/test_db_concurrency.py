@@ -8,9 +8,11 @@ engine, as in production.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+import pytest
 from sqlalchemy import Engine, text
 
 from db import repo
@@ -89,3 +91,37 @@ def test_eight_writers_and_a_reader_lose_nothing_and_never_lock(engine: Engine) 
     for run_id in run_ids:
         chart = repo.series(engine, run_id, "train/loss")
         assert chart.total_points == STEPS and chart.max.value == 1.0  # type: ignore[union-attr]
+
+
+# SQLite serializes every writer (BEGIN IMMEDIATE): there a delete and a claim cannot interleave at all.
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_delete_racing_a_claim_on_postgres_never_deletes_a_claimed_run(engine: Engine) -> None:
+    """The claim's UPDATE is in flight (uncommitted) when the delete starts: the delete waits for it on the
+    run's row and then refuses, instead of deleting a run a worker has just taken."""
+    run = repo.create_run(engine, {"lr": 0.1})
+    repo.append_metrics(engine, run.id, [MetricPoint("train/loss", 1, 0.5)])
+    outcome: list[BaseException | list[str]] = []
+    with engine.connect() as claim:
+        claim.begin()
+        claim.execute(text("UPDATE run SET status = 'running', worker_id = 'w1', attempt = 1 WHERE id = :r"),
+                      {"r": run.id})
+        deleting = threading.Thread(target=lambda: outcome.append(_try_delete(engine, run.id)))
+        deleting.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        with make_engine(engine.url.render_as_string(hide_password=False)).connect() as watch:
+            while not watch.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                         "AND datname = current_database()")).scalar():
+                assert time.monotonic() < deadline and deleting.is_alive(), f"the delete did not wait: {outcome}"
+                time.sleep(0.05)
+        claim.commit()
+    deleting.join(TIMEOUT_S)
+    assert isinstance(outcome[0], repo.RunStillActive), outcome
+    kept = repo.get_run(engine, run.id)
+    assert kept.status == "running" and kept.metrics["train/loss"].count == 1
+
+
+def _try_delete(engine: Engine, run_id: str) -> BaseException | list[str]:
+    try:
+        return repo.delete_run(engine, run_id)
+    except Exception as e:  # noqa: BLE001 - the test inspects it
+        return e

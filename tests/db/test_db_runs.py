@@ -89,17 +89,20 @@ def test_a_lost_run_is_claimed_again_with_a_new_attempt(engine: Engine) -> None:
     assert repo.finish_run(engine, run.id, "completed", worker_id="w2") is not None
 
 
-def test_a_lost_run_left_unclaimed_is_handed_out_again_once_per_period(engine: Engine) -> None:
+def test_runs_waiting_too_long_for_a_worker_are_listed_for_the_reaper(engine: Engine) -> None:
     run = repo.create_run(engine, SPEC)
-    repo.claim_run(engine, run.id, "w1")
-    _age_heartbeat(engine, run.id, seconds=120)
-    assert repo.mark_lost(engine, older_than_s=60) == [run.id]  # its reaper died before sending it
-    assert repo.requeue_lost(engine, older_than_s=300) == []  # not yet
-    assert repo.requeue_lost(engine, older_than_s=60) == [run.id]
-    assert repo.requeue_lost(engine, older_than_s=60) == []  # once per period, whoever asks
-    assert repo.get_run(engine, run.id).status == "lost"
-    assert repo.claim_run(engine, run.id, "w2").attempt == 2
-    assert repo.requeue_lost(engine, older_than_s=0) == []  # claimed: not lost any more
+    fresh = repo.create_run(engine, SPEC)
+    lost = repo.create_run(engine, SPEC)
+    repo.claim_run(engine, lost.id, "w1")
+    _age_heartbeat(engine, lost.id, seconds=120)
+    assert repo.mark_lost(engine, older_than_s=60) == [lost.id]  # its reaper may die before sending it
+    with engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == run.id).values(created_at=utcnow() - timedelta(seconds=300)))
+    assert {r.id for r in repo.unclaimed_runs(engine, older_than_s=200)} == {run.id}
+    assert {r.id for r in repo.unclaimed_runs(engine, older_than_s=60)} == {run.id, lost.id}  # not `fresh`
+    assert repo.claim_run(engine, lost.id, "w2").attempt == 2
+    assert repo.claim_run(engine, run.id, "w2") is not None
+    assert {r.id for r in repo.unclaimed_runs(engine, older_than_s=60)} == set()  # claimed: not waiting any more
 
 
 def test_fresh_heartbeats_are_not_stale(engine: Engine) -> None:
