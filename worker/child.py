@@ -47,31 +47,47 @@ class RunControl:
 
 class SystemMonitor:
     """CPU %, RSS (this process and its loader workers) and per-GPU utilisation, memory, temperature
-    as `sys/…` metrics. Their step is the Unix time in seconds, unique across resumed attempts."""
+    as `sys/…` metrics: one sample when the run starts, one every `period_s`, one when it stops, so a run
+    of any length has them. Their step is the Unix time in seconds (always increasing within a run,
+    unique across resumed attempts), which the charts show as wall time."""
 
     def __init__(self, sink, period_s: float):
         self.sink, self.period = sink, period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sys-metrics", daemon=True)
+        self._proc = None
+        self._last_step = 0
 
     def start(self) -> SystemMonitor:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)  # CPU percentages compare with the previous call: prime them
+        psutil.cpu_percent(None)
+        time.sleep(0.05)
+        self._sample()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        if self._proc is not None:
+            self._sample()
 
     def _loop(self) -> None:
-        import psutil
-
-        proc = psutil.Process()
-        proc.cpu_percent(None)
         while not self._stop.wait(self.period):
-            try:
-                values = sample_system(proc)
-            except Exception:  # noqa: BLE001 - monitoring must never break a run
-                continue
-            self.sink.metrics(int(time.time()), 0, values)
+            self._sample()
+
+    def _sample(self) -> None:
+        try:
+            values = sample_system(self._proc)
+        except Exception:  # noqa: BLE001 - monitoring must never break a run
+            return
+        step = max(int(time.time()), self._last_step + 1)
+        self._last_step = step
+        self.sink.metrics(step, 0, values)
 
 
 def sample_system(proc) -> dict[str, float]:
@@ -111,11 +127,33 @@ def gpu_metrics() -> dict[str, float]:
     return out
 
 
-def spare_main(conn) -> None:
+# Exit code of a run process that gave its run up because another worker owns it now, or it was
+# deleted: the supervisor records nothing for it (the run is not this worker's any more).
+ABANDONED_EXIT = 75
+PULSE_S = 0.5  # how often a run process proves to its supervisor that it is alive and scheduled
+
+
+def start_pulse(pulse) -> None:
+    """Tick `pulse` (a shared double) with the monotonic clock, from the moment the process starts: the
+    supervisor heartbeats the run for its child only while the ticks come (a stopped or hung process
+    stops them, and its run becomes lost instead of being kept alive by the supervisor)."""
+    if pulse is None:
+        return
+
+    def tick() -> None:
+        while True:
+            pulse.value = time.monotonic()
+            time.sleep(PULSE_S)
+
+    threading.Thread(target=tick, name="pulse", daemon=True).start()
+
+
+def spare_main(conn, pulse=None) -> None:
     """A fresh process that imports the heavy libraries ahead of time, then waits for one run.
     The worker keeps one such spare ready, so a new run starts in about a second instead of
     paying torch's import; each process still serves exactly one run and exits."""
     die_with_parent()
+    start_pulse(pulse)
     import core.train  # noqa: F401 - the point: torch, torchvision and core imported before the run arrives
     import worker.sink  # noqa: F401
 
@@ -127,6 +165,14 @@ def spare_main(conn) -> None:
         run_child(*job)
 
 
+def _abandon(reason: str) -> None:
+    """From the sink's threads: this process no longer owns its run. Exit now, before the loop writes
+    another file into a run folder that a new owner is using."""
+    log.warning("%s: stopping this run process without touching the run", reason)
+    logging.shutdown()
+    os._exit(ABANDONED_EXIT)
+
+
 def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     """Run one run to its end (in a spare process; see worker.tasks.supervise)."""
     die_with_parent()
@@ -135,7 +181,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     from core.config import RunSpec
     from core.train import run_training
     from db.engine import make_engine
-    from db.repo import finish_run, get_run
+    from db.repo import RunNotFound, finish_run, get_run
     from db.store import StoreError
     from worker.artifacts import fetch_checkpoints, localize_dataset
     from worker.sink import DbSink
@@ -144,15 +190,21 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     engine = make_engine(db_url)
     out, store_error = settings.run_dir(run_id), None
     try:
+        run = retrying(lambda: get_run(engine, run_id), "read the run")
+    except RunNotFound:
+        _abandon(f"run {run_id} was deleted")
+    if run.worker_id != worker_id:
+        _abandon(f"run {run_id} is owned by {run.worker_id}")
+    try:
         store = settings.store()
     except StoreError as e:  # a wrong TORCHDECK_ARTIFACTS: the run fails saying so
         store, store_error = None, e
-    sink = DbSink(engine, run_id, worker_id, settings, store=store, run_dir=out)
+    sink = DbSink(engine, run_id, worker_id, settings, store=store, run_dir=out, attempt=run.attempt,
+                  on_abandon=_abandon)
     monitor = SystemMonitor(sink, settings.sys_metrics_s).start()
     try:
         if store_error is not None:
             raise store_error
-        run = retrying(lambda: get_run(engine, run_id), "read the run")
         spec = RunSpec.model_validate(run.spec)
         if sink.uploader is not None:
             # Another host may have run the earlier attempts: resume from the checkpoint in the store,
@@ -171,9 +223,10 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     finally:
         monitor.stop()
     sink.close()
-    if not sink._owned:
-        log.warning("another worker owns run %s now; leaving its status alone", run_id)
-        return
+    if sink.abandoned is not None:
+        _abandon(sink.abandoned)
+    if sink.degraded:
+        summary = {**summary, "degraded": sink.degraded}
     retrying(lambda: finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id), "record the end of the run")
 
 

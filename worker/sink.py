@@ -1,48 +1,75 @@
 """The database side of core's Sink and Control, used inside a run's child process.
 
-The training step only appends to in-memory lists (a lock held for microseconds); a
-background thread writes them in batches every `flush_s` or `flush_points`, heartbeats,
-and learns whether the run should stop. When the database is unreachable the thread keeps
-the batch and retries with backoff, so a brief outage loses nothing; memory stays bounded.
+The training step only appends to in-memory lists (a lock held for microseconds). Two background
+threads do the rest:
+- the writer stores events and artifact rows first, then metric points in batches, every `flush_s`
+  or `flush_points`; a point or event the store refuses is dropped on its own (reported once as a
+  warning event) and never holds back the rest of its batch; while the database is unreachable it
+  keeps everything and retries with backoff, and what exceeds `sink_buffer_points` is spilled to the
+  run's folder (worker/spill.py) and replayed when the database is back;
+- the heartbeat thread heartbeats every `heartbeat_s` and learns whether to stop, whatever the
+  writer is doing.
+
+A run this process no longer owns (another worker claimed it, it was ended elsewhere, or deleted) is
+abandoned at once: nothing more is written into it, and `on_abandon` is called (the run's child
+exits). Every event gets an idempotency key (see core.events.Sink), so a resumed attempt stores the
+events of the steps it replays once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import math
+import os
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DataError, IntegrityError
 
 from db.repo import (
     EventInput,
     MetricPoint,
+    NotOwned,
+    RunNotFound,
     add_artifact,
     append_events,
     append_metrics,
+    event_problem,
     heartbeat,
+    mark_degraded,
+    point_problem,
 )
 from db.store import ArtifactStore, StoredObject, file_sha256
+from db.types import EVENT_KEY_LEN, json_safe, utcnow
+from worker import spill
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.sink")
 
-MAX_BUFFERED_POINTS = 2_000_000  # ~200 MB; at 1,000 points/s that is half an hour of outage
+BATCH_POINTS = 5000  # points per append_metrics call
+# What the store refuses because of the data itself (not because it is away): dropped, never retried.
+REFUSED = (ValueError, DataError, IntegrityError)
+Artifact = tuple[str, str, dict, StoredObject | None]
 
 
 class DbSink:
-    """Buffered Sink + Control for one run. `close()` flushes everything (retrying) before returning."""
+    """Buffered Sink + Control for one run. `close()` stores everything (retrying) before returning."""
 
     def __init__(self, engine: Engine, run_id: str, worker_id: str, settings: WorkerSettings | None = None,
-                 store: ArtifactStore | None = None, run_dir: Path | None = None):
-        self.engine, self.run_id, self.worker_id = engine, run_id, worker_id
+                 store: ArtifactStore | None = None, run_dir: Path | None = None, attempt: int = 1,
+                 on_abandon: Callable[[str], None] | None = None):
+        self.engine, self.run_id, self.worker_id, self.attempt = engine, run_id, worker_id, attempt
         self.s = settings or WorkerSettings()
+        self.on_abandon = on_abandon
         self._points: list[MetricPoint] = []
         self._events: list[EventInput] = []
-        self._artifacts: list[tuple[str, str, dict, StoredObject | None]] = []
+        self._artifacts: list[Artifact] = []
+        self.spill = spill.SpillDir(run_dir / "spill") if run_dir is not None else None
         # Files go to the store beside the loop when it is not the local run root (worker/artifacts.py).
         self.uploader = None
         if store is not None and run_dir is not None:
@@ -53,16 +80,23 @@ class DbSink:
         self._progress: float | None = None
         self._cancel = False
         self._owned = True
-        self.dropped = 0
-        self.written = 0
-        self.failures = 0
+        self.abandoned: str | None = None  # why this process gave the run up
+        self.degraded: str | None = None
+        self._degraded_pending = False
+        self._keys: Counter[str] = Counter()
+        self._refused: set[str] = set()
+        self.dropped = self.written = self.failures = 0
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._queued = self._stored_upto = 0  # items handed over / stored so far (flush waits on these)
+        self._last_step = 0
+        self._flush_points, self._hard_cap = self.s.flush_points, 2 * self.s.sink_buffer_points
         self._wake = threading.Event()
-        self._idle = threading.Event()
         self._stop = threading.Event()
-        self._last_beat = 0.0
-        self._thread = threading.Thread(target=self._loop, name=f"db-sink-{run_id}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._write_loop, name=f"db-sink-{run_id}", daemon=True),
+                         threading.Thread(target=self._beat_loop, name=f"db-beat-{run_id}", daemon=True)]
+        for t in self._threads:
+            t.start()
 
     # --- Sink (called from the training loop: never blocks on the database) ----------------------
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
@@ -70,39 +104,51 @@ class DbSink:
         pts = [MetricPoint(k, step, float(v), epoch, now) for k, v in values.items()]
         with self._lock:
             self._points.extend(pts)
-            over = len(self._points) - MAX_BUFFERED_POINTS
-            if over > 0:  # bounded memory: shed the oldest per-step points, count them
-                del self._points[:over]
-                self.dropped += over
+            self._queued += len(pts)
             n = len(self._points)
-        if n >= self.s.flush_points:
+        if n >= self._flush_points:
             self._wake.set()
+            if n > self._hard_cap:  # the writer is stuck in a long call: keep memory bounded
+                self._spill_memory()
 
-    def event(self, kind: str, level: str, message: str, data: dict | None = None) -> None:
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         data = dict(data or {})
+        code = data.get("code")
         ev = EventInput(kind=kind, level=level if level in ("debug", "info", "warning", "error") else "info",
-                        message=message[:4000], code=data.get("code"), data=_json_safe(data))
+                        message=message[:4000], code=code, data=json_safe(data), time=utcnow(),
+                        key=self._event_key(kind, code, step))
         with self._lock:
             self._events.append(ev)
+            self._queued += 1
+
+    def _event_key(self, kind: str, code: str | None, step: int | None) -> str:
+        """`s<step>:kind:code:n` for an event of the training (the same in every attempt that replays the
+        step), `a<attempt>:kind:code:n` for one of this attempt's start-up; n counts repeats."""
+        base = f"{'s%d' % step if step is not None else 'a%d' % self.attempt}:{kind}:{code or '-'}"
+        with self._lock:
+            n = self._keys[base]
+            self._keys[base] += 1
+        key = f"{base}:{n}"
+        return key if len(key) <= EVENT_KEY_LEN else "h:" + hashlib.sha256(key.encode()).hexdigest()
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
         if self.uploader is not None:
-            self.uploader.submit(kind, str(path), _json_safe(meta or {}))  # registered once stored
+            self.uploader.submit(kind, str(path), json_safe(meta or {}))  # registered once stored
             return
-        with self._lock:
-            self._artifacts.append((kind, str(path), _json_safe(meta or {}), None))
-        self._wake.set()
+        self._stored(kind, None, str(path), json_safe(meta or {}))
 
     def _stored(self, kind: str, obj: StoredObject | None, path: str, meta: dict) -> None:
-        """From the uploader: the file is in the store (or could not get there: then its local path)."""
+        """The file is in the store (from the uploader), or local (obj None: registered by its path)."""
         with self._lock:
             self._artifacts.append((kind, path, meta, obj))
+            self._queued += 1
         self._wake.set()
 
     def _upload_problem(self, message: str) -> None:
         self.event("artifacts", "warning", message, {"code": "upload_failed"})
 
     def progress(self, done: int, total: int) -> None:
+        self._last_step = done
         self._progress = min(1.0, done / total) if total else None
 
     # --- Control ------------------------------------------------------------------------------------
@@ -110,97 +156,256 @@ class DbSink:
         return self._cancel or not self._owned
 
     # --- flushing -----------------------------------------------------------------------------------
-    def flush(self, timeout: float = 60.0) -> bool:
-        """Wait until everything buffered so far is written (called before each checkpoint)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                empty = not (self._points or self._events or self._artifacts)
-            if empty and self._idle.is_set():
-                return True
-            self._idle.clear()
-            self._wake.set()
-            self._idle.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything handed over so far is stored (core calls it before each checkpoint).
+        False when that did not happen in time: what is held is then spilled to the run's folder (so the
+        checkpoint is never ahead of what is kept), and the run is marked degraded, with an event."""
+        timeout = self.s.flush_timeout_s if timeout is None else timeout
+        with self._lock:
+            target = self._queued
+        self._wake.set()
+        with self._done:
+            ok = self._done.wait_for(lambda: self._stored_upto >= target or self.abandoned is not None, timeout)
+        if ok:
+            return self.abandoned is None
+        kept = self._spill_memory()
+        where = f"kept in {self.spill.root} until it is" if kept and self.spill else "held in memory until it is"
+        self.mark_degraded(f"the database did not store this run's metrics within {timeout:.0f} s at step "
+                           f"{self._last_step}; they are {where} reachable again")
         return False
+
+    def mark_degraded(self, reason: str) -> None:
+        """The run's stored record may be incomplete: say so on the run (once) and in an event."""
+        if self.degraded is None:
+            self.degraded = reason
+            self._degraded_pending = True
+            log.warning("run %s degraded: %s", self.run_id, reason)
+            self.event("lifecycle", "warning", reason, {"code": "degraded"})
+        self._wake.set()
 
     def close(self, timeout: float = 90.0) -> None:
         if self.uploader is not None:
             self.uploader.close()  # every file in the store (and handed back for registration) first
-        self.flush(timeout)
+        if self.abandoned is None:
+            self.flush(timeout)
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=10)
 
-    def _loop(self) -> None:
+    # --- the writer thread --------------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        _yield_to_training()
         backoff = 0.0
-        while True:
+        while self.abandoned is None:
             if backoff:
                 time.sleep(backoff)  # honour the backoff even while points keep arriving
             else:
                 self._wake.wait(self.s.flush_s)
             self._wake.clear()
             try:
-                self._drain()
-                self._beat()
+                self._write_once()
                 backoff = 0.0
-            except Exception as e:  # noqa: BLE001 - the database may be briefly unreachable: keep, retry
+            except (NotOwned, RunNotFound) as e:
+                self._abandon(f"{e}")
+                return
+            except Exception as e:  # noqa: BLE001 - the database may be unreachable: keep, retry, spill
                 self.failures += 1
                 backoff = min(5.0, max(0.25, backoff * 2))
                 log.warning("database write failed (%s); retrying in %.1fs", e.__class__.__name__, backoff)
+                if len(self._points) > self.s.sink_buffer_points:
+                    self._spill_memory()
                 continue
-            with self._lock:
-                empty = not (self._points or self._events or self._artifacts)
-            if empty:
-                self._idle.set()
-            if self._stop.is_set() and empty:
+            if self._stop.is_set() and not self._pending():
                 return
 
-    def _drain(self) -> None:
+    def _pending(self) -> bool:
+        with self._lock:
+            held = bool(self._points or self._events or self._artifacts)
+        return held or self._degraded_pending or bool(self.spill and self.spill.count())
+
+    def _write_once(self) -> None:
+        with self._lock:
+            upto = self._queued
+            events, self._events = self._events, []
+            artifacts, self._artifacts = self._artifacts, []
+            points, self._points = self._points, []
+        try:
+            while events:  # events and artifact rows first: they never wait behind metric points
+                self._store(events[:1000], self._write_events, event_problem, self._refused_event)
+                del events[:1000]
+            while artifacts:
+                self._write_artifact(artifacts[0])
+                artifacts.pop(0)
+            if self._degraded_pending:
+                mark_degraded(self.engine, self.run_id, self.degraded or "degraded")
+                self._degraded_pending = False
+            self._replay_spill()
+            while points:
+                self._store(points[:BATCH_POINTS], self._write_points, point_problem, self._refused_point)
+                del points[:BATCH_POINTS]
+            with self._lock:  # the reports of what was refused just now go with this flush
+                events, self._events = self._events, []
+            if events:
+                self._store(events, self._write_events, event_problem, self._refused_event)
+                events = []
+        except Exception:
+            # Put back what was not stored, in order, ahead of anything newer. Re-storing what did get
+            # stored is harmless: points by (key, step) and events by their key are kept once.
+            with self._lock:
+                self._events[:0] = events
+                self._artifacts[:0] = artifacts
+                self._points[:0] = points
+            raise
+        with self._done:
+            self._stored_upto = max(self._stored_upto, upto)
+            self._done.notify_all()
+
+    def _write_points(self, points: Sequence[MetricPoint]) -> None:
+        self.written += append_metrics(self.engine, self.run_id, points, worker_id=self.worker_id)
+
+    def _write_events(self, events: Sequence[EventInput]) -> None:
+        append_events(self.engine, self.run_id, events, worker_id=self.worker_id)
+
+    def _store(self, items: Sequence[Any], write: Callable[[Sequence[Any]], None],
+               problem: Callable[[Any], str | None], refused: Callable[[Any, str], None]) -> None:
+        """Write items; an item the store refuses is dropped alone and reported, the rest are written."""
+        try:
+            write(items)
+            return
+        except REFUSED:
+            pass
+        good = []
+        for item in items:  # the cheap checks first: they name the reason
+            why = problem(item)
+            if why:
+                refused(item, why)
+            else:
+                good.append(item)
+        self._store_halves(good, write, refused)
+
+    def _store_halves(self, items: Sequence[Any], write: Callable[[Sequence[Any]], None],
+                      refused: Callable[[Any, str], None]) -> None:
+        """What the database itself refuses: split until the refused items are found alone."""
+        if not items:
+            return
+        try:
+            write(items)
+        except REFUSED as e:
+            if len(items) == 1:
+                refused(items[0], f"{e.__class__.__name__}: {str(e).splitlines()[0][:300]}")
+                return
+            mid = len(items) // 2
+            self._store_halves(items[:mid], write, refused)
+            self._store_halves(items[mid:], write, refused)
+
+    def _refused_point(self, point: MetricPoint, why: str) -> None:
+        self.dropped += 1
+        if point.key in self._refused:
+            return
+        self._refused.add(point.key)
+        digest = hashlib.sha256(str(point.key).encode()).hexdigest()[:16]
+        self.event("metrics", "warning", f"metric {str(point.key)[:80]!r} is not recorded: the store refused it ({why})",
+                   {"code": "metric_refused", "key": str(point.key)[:1000], "reason": why, "id": digest})
+
+    def _refused_event(self, event: EventInput, why: str) -> None:
+        self.dropped += 1
+        log.warning("event %r of run %s refused by the store: %s", event.message[:80], self.run_id, why)
+        if "event" not in self._refused:
+            self._refused.add("event")
+            self.event("lifecycle", "warning", f"an event was refused by the store and is not recorded: {why}",
+                       {"code": "event_refused", "reason": why, "kind": str(event.kind)[:32]})
+
+    def _write_artifact(self, item: Artifact) -> None:
+        kind, path, meta, obj = item
+        try:
+            if obj is not None:
+                add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
+                return
+            p = Path(path)
+            size, digest = file_sha256(p) if p.is_file() else (None, None)
+            add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest, meta=meta)
+        except REFUSED as e:
+            self.event("artifacts", "warning", f"artifact {kind!r} ({Path(path).name}) is not recorded: the store "
+                       f"refused it ({e})", {"code": "artifact_refused", "kind": str(kind)[:32]})
+
+    # --- spilling ------------------------------------------------------------------------------------
+    def _spill_memory(self) -> bool:
+        """Move every buffered point and event to a spill file (no run folder: keep them in memory)."""
+        if self.spill is None:
+            with self._lock:
+                over = len(self._points) - self._hard_cap
+                if over > 0:  # no folder to spill to: bounded memory, the oldest points go
+                    del self._points[:over]
+                    self.dropped += over
+            return False
         with self._lock:
             points, self._points = self._points, []
             events, self._events = self._events, []
-            artifacts, self._artifacts = self._artifacts, []
         try:
-            for i in range(0, len(points), 5000):
-                self.written += append_metrics(self.engine, self.run_id, points[i : i + 5000])
-            if events:
-                append_events(self.engine, self.run_id, events)
-                events = []
-            while artifacts:
-                kind, path, meta, obj = artifacts[0]
-                if obj is not None:
-                    add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
-                else:
-                    p = Path(path)
-                    size, digest = file_sha256(p) if p.is_file() else (None, None)
-                    add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest,
-                                 meta=meta)
-                artifacts.pop(0)
-        except Exception:
-            # Put back what was not written, in order, ahead of anything newer. Re-appending points
-            # that did get written is harmless: (run, key, step) duplicates are ignored.
+            path = self.spill.write(points, events)
+        except OSError as e:
+            log.error("could not spill %d points of run %s: %s", len(points), self.run_id, e)
             with self._lock:
-                self._points[:0] = points
-                self._events[:0] = events
-                self._artifacts[:0] = artifacts
-            raise
+                self._points[:0], self._events[:0] = points, events
+            return False
+        if path is not None:
+            log.warning("database unreachable: %d points and %d events of run %s kept in %s", len(points),
+                        len(events), self.run_id, path)
+        return True
 
-    def _beat(self) -> None:
-        now = time.monotonic()
-        if now - self._last_beat < self.s.heartbeat_s:
+    def _replay_spill(self) -> None:
+        if self.spill is None:
             return
-        reply = heartbeat(self.engine, self.run_id, worker_id=self.worker_id, progress=self._progress)
-        self._cancel, self._owned = reply.cancel_requested, reply.owned
-        self._last_beat = now
+        for path in self.spill.files():
+            points, events = spill.read(path)
+            for i in range(0, len(events), 1000):
+                self._store(events[i:i + 1000], self._write_events, event_problem, self._refused_event)
+            for i in range(0, len(points), BATCH_POINTS):
+                self._store(points[i:i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
+            path.unlink()
+            log.info("stored %d spilled points and %d events of run %s from %s", len(points), len(events),
+                     self.run_id, path.name)
+
+    # --- the heartbeat thread -------------------------------------------------------------------------
+    def _beat_loop(self) -> None:
+        while not self._stop.is_set() and self.abandoned is None:
+            try:
+                reply = heartbeat(self.engine, self.run_id, worker_id=self.worker_id, progress=self._progress)
+            except RunNotFound as e:
+                self._abandon(f"{e} (deleted)")
+                return
+            except Exception as e:  # noqa: BLE001 - the database may be briefly away; the writer keeps the data
+                log.warning("heartbeat of run %s failed: %s", self.run_id, e.__class__.__name__)
+            else:
+                self._cancel = reply.cancel_requested
+                if not reply.owned:
+                    self._abandon(f"run {self.run_id!r} is no longer owned by worker {self.worker_id!r}")
+                    return
+            self._stop.wait(self.s.heartbeat_s)
+
+    def _abandon(self, reason: str) -> None:
+        """Another worker owns the run now, or it is gone: write nothing more into it."""
+        with self._done:
+            if self.abandoned is not None:
+                return
+            self.abandoned, self._owned = reason, False
+            self._points, self._events, self._artifacts = [], [], []
+            self._done.notify_all()
+        log.warning("giving up run %s: %s", self.run_id, reason)
+        self._wake.set()
+        if self.on_abandon is not None:
+            self.on_abandon(reason)
 
 
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
+WRITER_NICENESS = 10
+
+
+def _yield_to_training() -> None:
+    """Linux: run the calling thread (the writer) at a lower priority than the training threads, so on a busy
+    machine batching points never takes a core from a training step; it still gets its share, and the
+    heartbeat thread keeps the normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+    except (AttributeError, OSError):  # another OS, or not allowed: the default priority is fine too
+        pass

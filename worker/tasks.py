@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -21,13 +22,15 @@ from db.repo import (
     claim_run,
     finish_run,
     get_run,
+    RunNotFound,
     heartbeat,
     mark_lost,
-    requeue_lost,
+    unclaimed_runs,
     upsert_worker,
 )
+from worker.broker import run_ids_in_broker
 from worker.celery_app import QUEUES, RUN_TASK, app
-from worker.child import spare_main
+from worker.child import ABANDONED_EXIT, spare_main
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.worker")
@@ -59,11 +62,22 @@ def describe_exit(code: int | None) -> str:
     return f"the run process exited with code {code} before recording a result"
 
 
+def new_worker_id(node: str) -> str:
+    """Unique per worker process: two workers started with the same node name on one host (two
+    `torchdeck up`, two `torchdeck worker`) still never pass for each other in the claim, heartbeat and
+    finish guards. The node name comes first, so a person still sees which worker it is."""
+    return f"{node}/{os.getpid()}-{secrets.token_hex(3)}"
+
+
 @app.task(name=RUN_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_run(run_id: str) -> str:
     """Claim, then run in a fresh spawned process. A duplicate delivery finds the run taken and exits."""
-    worker_id = _state["worker_id"] or f"{socket.gethostname()}:{os.getpid()}"
-    run = claim_run(engine(), run_id, worker_id, device=_device_label())
+    worker_id = _state["worker_id"] or new_worker_id(socket.gethostname())
+    try:
+        run = claim_run(engine(), run_id, worker_id, device=_device_label())
+    except RunNotFound:
+        log.info("run %s was deleted: skipping this delivery", run_id)
+        return "skipped"
     if run is None:
         log.info("run %s is running elsewhere or finished: skipping this delivery", run_id)
         return "skipped"
@@ -81,30 +95,32 @@ def _device_label() -> str:
 
 class Spare:
     """One fresh spawned process kept ready (libraries imported, no run yet). Spawn, not fork: CUDA
-    never survives a fork, and a fresh process returns all its memory when the run ends."""
+    never survives a fork, and a fresh process returns all its memory when the run ends. The process
+    ticks a shared pulse from its start (worker.child.start_pulse)."""
 
     def __init__(self) -> None:
         self.proc: mp.Process | None = None
         self.conn = None
+        self.pulse = None
 
     def fill(self) -> None:
         if self.proc is not None and self.proc.is_alive():
             return
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=spare_main, args=(child,), name="torchdeck-run", daemon=False)
+        self.pulse = ctx.Value("d", time.monotonic(), lock=False)
+        self.proc = ctx.Process(target=spare_main, args=(child, self.pulse), name="torchdeck-run", daemon=False)
         self.proc.start()
         child.close()
         self.conn = parent
 
-    def take(self, job: tuple) -> mp.Process:
+    def take(self, job: tuple) -> tuple[mp.Process, object]:
         self.fill()
-        proc, conn = self.proc, self.conn
-        self.proc = self.conn = None
+        proc, conn, pulse = self.proc, self.conn, self.pulse
+        self.proc = self.conn = self.pulse = None
         conn.send(job)
         conn.close()
-        return proc
-
+        return proc, pulse
 
     def close(self) -> None:
         if self.conn is not None:
@@ -116,7 +132,7 @@ class Spare:
             self.proc.join(5)
             if self.proc.is_alive():
                 self.proc.kill()
-        self.proc = self.conn = None
+        self.proc = self.conn = self.pulse = None
 
 
 _spare = Spare()
@@ -125,41 +141,92 @@ _spare = Spare()
 def supervise(run_id: str, worker_id: str, settings: WorkerSettings | None = None) -> str:
     """Hand the run to a fresh process, relay a cancel (stop between steps → SIGTERM → SIGKILL), explain its exit."""
     s = settings or WorkerSettings()
-    proc = _spare.take((run_id, worker_id, engine().url.render_as_string(hide_password=False)))
+    proc, pulse = _spare.take((run_id, worker_id, engine().url.render_as_string(hide_password=False)))
     try:
-        return _watch(proc, run_id, worker_id, s)
+        return _watch(proc, pulse, run_id, worker_id, s)
     finally:
         _spare.fill()  # ready for the next run
 
 
-def _watch(proc: mp.Process, run_id: str, worker_id: str, s: WorkerSettings) -> str:
-    cancel_at: float | None = None
-    termed = False
+class _Watch:
+    """The supervisor's view of its child: alive (ticking its pulse), cancelled, still the run's owner."""
+
+    def __init__(self, proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettings) -> None:
+        self.proc, self.pulse, self.run_id, self.worker_id, self.s = proc, pulse, run_id, worker_id, s
+        self.cancel_at: float | None = None
+        self.termed = False
+        self.silent = False  # the child stopped ticking (hung, stopped): logged once
+        self.gave_up: str | None = None
+
+    def responsive(self, now: float) -> bool:
+        return now - self.pulse.value < max(3 * self.s.heartbeat_s, 2.0)
+
+    def check(self, now: float) -> None:
+        if self.responsive(now):
+            if self.silent:
+                log.info("run %s: its process responds again", self.run_id)
+            self.silent = False
+            # The worker heartbeats too: a child still importing torch on a busy machine is not lost.
+            reply = heartbeat(engine(), self.run_id, worker_id=self.worker_id)
+            if self.cancel_at is None and reply.cancel_requested:
+                self.cancel_at = now  # the child sees it through its own heartbeat and stops between steps
+            if not reply.owned:
+                run = get_run(engine(), self.run_id)
+                if run.worker_id != self.worker_id:  # (if it finished as ours, the child is exiting: let it)
+                    self._give_up(f"the run is {run.status} on {run.worker_id}")
+            return
+        if not self.silent:
+            self.silent = True
+            log.warning("run %s: its process stopped responding; no heartbeat for it until it does", self.run_id)
+        try:  # a hung child keeps no run: once another worker has it (or it is gone), kill the child
+            run = get_run(engine(), self.run_id)
+        except RunNotFound:
+            self._give_up("the run was deleted")
+            return
+        if run.worker_id != self.worker_id or run.finished:
+            self._give_up(f"the run is {run.status} on {run.worker_id}")
+
+    def _give_up(self, why: str) -> None:
+        self.gave_up = why
+        log.warning("run %s: %s; killing its process here", self.run_id, why)
+        self.proc.kill()
+
+    def relay_cancel(self, now: float) -> None:
+        if self.cancel_at is None:
+            return
+        if not self.termed and now - self.cancel_at > self.s.cancel_grace_s:
+            self.proc.terminate()
+            self.termed = True
+        elif self.termed and now - self.cancel_at > self.s.cancel_grace_s + 10:
+            self.proc.kill()
+
+
+def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettings) -> str:
+    w = _Watch(proc, pulse, run_id, worker_id, s)
     next_check = 0.0
     while proc.is_alive():
         proc.join(timeout=0.5)
         now = time.monotonic()
-        if now >= next_check:
+        if now >= next_check and w.gave_up is None:
             next_check = now + s.heartbeat_s
             try:
-                # The worker heartbeats too: a child still importing torch on a busy machine is not lost.
-                reply = heartbeat(engine(), run_id, worker_id=worker_id)
-                if cancel_at is None and reply.should_stop:
-                    cancel_at = now  # the child sees it through its own heartbeat and stops between steps
+                w.check(now)
+            except RunNotFound:
+                w._give_up("the run was deleted")
             except Exception as e:  # noqa: BLE001 - the database may be briefly away; the child keeps going
                 log.warning("could not heartbeat run %s: %s", run_id, e)
-        if cancel_at is not None and not termed and now - cancel_at > s.cancel_grace_s:
-            proc.terminate()
-            termed = True
-        elif termed and now - cancel_at > s.cancel_grace_s + 10:
-            proc.kill()
+        w.relay_cancel(now)
     code = proc.exitcode
+    if w.gave_up is not None or code == ABANDONED_EXIT:
+        log.warning("run %s left to its new owner (%s)", run_id, w.gave_up or "its process gave it up")
+        return "abandoned"
     if code != 0:
-        status = "cancelled" if cancel_at is not None else "failed"
+        status = "cancelled" if w.cancel_at is not None else "failed"
         reason = describe_exit(code)
         try:
-            finish_run(engine(), run_id, status, error=reason, worker_id=worker_id)
-            append_events(engine(), run_id, [EventInput("lifecycle", "error", reason, code="process_exit", data={"exitcode": code})])
+            if finish_run(engine(), run_id, status, error=reason, worker_id=worker_id) is not None:
+                append_events(engine(), run_id, [EventInput("lifecycle", "error", reason, code="process_exit",
+                                                            data={"exitcode": code})])
         except Exception as e:  # noqa: BLE001
             log.error("could not record the end of run %s: %s", run_id, e)
     return f"exit {code}"
@@ -170,25 +237,47 @@ def _watch(proc: mp.Process, run_id: str, worker_id: str, s: WorkerSettings) -> 
 
 def reap(settings: WorkerSettings | None = None) -> list[str]:
     """Runs whose heartbeat went stale are `lost`: re-queued (they resume from their last checkpoint)
-    until max_attempts, then failed. mark_lost is atomic, so concurrent reapers never double-queue."""
+    until max_attempts, then failed. mark_lost is atomic, so concurrent reapers never double-queue, and
+    every later transition is conditional on the run still being `lost`: a worker may claim it meanwhile."""
     s = settings or WorkerSettings()
     requeued = []
     for run_id in mark_lost(engine(), s.stale_after_s):
         r = get_run(engine(), run_id)
         if r.attempt >= s.max_attempts:
-            finish_run(engine(), run_id, "failed", error=f"lost {r.attempt} times: its worker stopped heartbeating "
-                       "(crashed, killed or disconnected); not retried again")
+            finish_run(engine(), run_id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: its worker "
+                       "stopped heartbeating (crashed, killed or disconnected); not retried again")
             continue
         append_events(engine(), run_id, [EventInput(
             "lifecycle", "warning", f"worker {r.worker_id} stopped heartbeating; re-queued (attempt {r.attempt + 1} of "
             f"{s.max_attempts}), resuming from the last checkpoint", code="lost")])
-        app.send_task(RUN_TASK, args=[run_id], queue=queue_for(dict(r.spec)))
+        send(r)
         requeued.append(run_id)
-    for run_id in requeue_lost(engine(), s.requeue_after_s):  # lost but never claimed since: send it again
-        r = get_run(engine(), run_id)
-        app.send_task(RUN_TASK, args=[run_id], queue=queue_for(dict(r.spec)))
-        requeued.append(run_id)
-    return requeued
+    return requeued + resend_missing(s)
+
+
+def send(run) -> None:
+    app.send_task(RUN_TASK, args=[run.id], queue=queue_for(dict(run.spec)))
+
+
+def resend_missing(s: WorkerSettings) -> list[str]:
+    """Runs waiting for a worker (queued, or lost and unclaimed) for longer than requeue_after_s whose
+    message is no longer in the broker: sent again, with an event saying so."""
+    waiting = unclaimed_runs(engine(), s.requeue_after_s)
+    if not waiting:
+        return []
+    present = run_ids_in_broker(app, QUEUES, RUN_TASK, delivered_within_s=s.requeue_after_s)
+    if present is None:  # the broker cannot be read now: try again next round
+        return []
+    sent = []
+    for r in waiting:
+        if r.id in present:
+            continue
+        send(r)
+        append_events(engine(), r.id, [EventInput(
+            "lifecycle", "warning", f"the queue had no message for this {r.status} run (the broker restarted or a "
+            f"message was lost); sent it again to '{queue_for(dict(r.spec))}'", code="resent")])
+        sent.append(r.id)
+    return sent
 
 
 def _devices() -> list[dict]:
@@ -214,6 +303,22 @@ def _background(stop: threading.Event, s: WorkerSettings) -> None:
             log.warning("worker heartbeat/reaper failed: %s", e)
 
 
+def _forget_earlier_selves(node: str, s: WorkerSettings) -> None:
+    """Rows of earlier processes of this worker (same node name, no heartbeat for stale_after_s): each
+    process has its own id, so a restarted worker would otherwise leave its old row behind forever."""
+    from datetime import UTC, datetime
+
+    from db.repo import list_workers, remove_worker
+
+    try:
+        now = datetime.now(UTC)
+        for w in list_workers(engine()):
+            if (w.id == node or w.id.startswith(node + "/")) and (now - w.heartbeat_at).total_seconds() > s.stale_after_s:
+                remove_worker(engine(), w.id)
+    except Exception as e:  # noqa: BLE001 - housekeeping never stops a worker from starting
+        log.warning("could not remove this worker's earlier rows: %s", e)
+
+
 _stop = threading.Event()
 
 
@@ -227,7 +332,9 @@ def _on_ready(sender=None, **_: object) -> None:
     except SchemaOutOfDate as e:
         log.critical("%s", e)  # the message names the command to run
         os._exit(3)
-    _state["worker_id"] = sender.hostname if sender is not None else f"{socket.gethostname()}:{os.getpid()}"
+    node = sender.hostname if sender is not None else socket.gethostname()
+    _state["worker_id"] = new_worker_id(node)
+    _forget_earlier_selves(node, WorkerSettings())
     _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
     if sender is None or set(_state["queues"]) & set(QUEUES):  # a jobs-only worker (worker/jobs.py) runs no run

@@ -37,6 +37,25 @@ RUN = {
 }
 
 
+def wait_for(condition, timeout: float, what: str, every: float = 0.1):
+    """Poll until condition() is truthy (returns it); fail with `what` after `timeout` seconds. Bounds are
+    generous on purpose: a test waits for a state, never for a duration."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} (waited {timeout:.0f} s)")
+        time.sleep(every)
+
+
+def pg_ctl(pg, *args: str) -> None:
+    """Stop or start a test Postgres cluster in place (its data kept): a database outage."""
+    cmd = [*pg._as_user, str(pg.bin_dir / "pg_ctl"), args[0], "-D", str(pg.root / "data"), "-w", *args[1:]]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+
 @dataclass
 class RedisServer:
     port: int
@@ -88,9 +107,10 @@ class Stack:
     def engine(self):
         return make_engine(self.url)
 
-    def start_worker(self, name: str, **extra_env: str) -> subprocess.Popen:
+    def start_worker(self, name: str, node: str | None = None, **extra_env: str) -> subprocess.Popen:
+        """A worker process; `node` (default: `name`) is its Celery node name, which two workers may share."""
         cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", "gpu,cpu",
-               "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+               "-n", f"{node or name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
         log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the worker's life
         p = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.workers[name] = p
@@ -126,8 +146,24 @@ class Stack:
             if run.status in until:
                 return run
             time.sleep(0.3)
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
-        raise AssertionError(f"run {run_id} still {get_run(self.engine, run_id).status} after {timeout}s\n{logs}")
+        raise AssertionError(f"run {run_id} still {get_run(self.engine, run_id).status} after {timeout}s\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
+
+    def run_process(self, worker: subprocess.Popen, timeout: float = 120):
+        """The worker's spawned run process (its ready spare, or the process of its current run)."""
+        import psutil
+
+        def find():
+            try:
+                kids = psutil.Process(worker.pid).children()
+            except psutil.NoSuchProcess:
+                return None
+            spawned = [k for k in kids if "spawn_main" in " ".join(k.cmdline()) and k.status() != psutil.STATUS_ZOMBIE]
+            return spawned[0] if len(spawned) == 1 else None
+
+        return wait_for(find, timeout, f"worker {worker.pid} has no run process\n{self.logs()}")
 
     def run_dir(self, run_id: str) -> Path:
         return self.home / "artifacts" / "runs" / run_id
@@ -147,7 +183,7 @@ def stack(request, tmp_path, redis_server, postgres, monkeypatch) -> Iterator[St
     db_index = 1 + (abs(hash(request.node.nodeid)) % 14)
     redis.Redis(port=redis_server.port, db=db_index).flushdb()
     env = {**os.environ, "TORCHDECK_HOME": str(home), "TORCHDECK_DATABASE_URL": url,
-           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "6", "TORCHDECK_REAP_EVERY_S": "1", "TORCHDECK_REQUEUE_AFTER_S": "20",
+           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "12", "TORCHDECK_REAP_EVERY_S": "1", "TORCHDECK_REQUEUE_AFTER_S": "20",
            "TORCHDECK_HEARTBEAT_S": "1", "TORCHDECK_CANCEL_GRACE_S": "5", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     for k in ("TORCHDECK_HOME", "TORCHDECK_DATABASE_URL", "TORCHDECK_BROKER_URL"):
         monkeypatch.setenv(k, env[k])

@@ -128,7 +128,7 @@ def test_no_jobs_worker_gives_a_clear_error(tmp_path, redis_server, monkeypatch)
     assert "torchdeck worker" in result["error"]
     ok, output = actions.export_now(make_engine(url), "no-such-run", ["onnx"])
     assert not ok and "no worker is serving the jobs queue" in output
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 30  # the pickup limit ended the wait, not the 30 s job timeout
     redis.Redis(port=redis_server.port, db=0).flushdb()
 
 
