@@ -62,7 +62,22 @@ def submit(
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"queued on '{run_spec.resource}': {run.name or '(unnamed)'}")
+    _say_who_serves(run_spec.resource)
     typer.echo(run.id)
+
+
+def _say_who_serves(queue: str) -> None:
+    from app.services import queue_status
+
+    try:
+        waiting = queue_status(queue, _engine())
+    except Exception as e:  # noqa: BLE001 - the run is queued; this is advice only
+        typer.secho(f"could not list the workers: {e}", fg="yellow", err=True)
+        return
+    if waiting.served:
+        typer.echo(waiting.message())
+    else:
+        typer.secho("warning: " + waiting.message(), fg="yellow", err=True)
 
 
 def status(run_id: str, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 # A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
 CONNECT_TIMEOUT_S = 5
-_STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"  # the workers' own setting (worker/settings.py)
 
 
 @dataclass
@@ -187,7 +186,9 @@ def check_workers(engine) -> list[Check]:
     runs waiting and nobody consuming it is a failure."""
     from db.repo import list_runs, list_workers
 
-    stale_after = float(os.environ.get(_STALE_AFTER_ENV) or 30.0)
+    from app.services import stale_after_s
+
+    stale_after = stale_after_s()
     now = datetime.now(UTC)
     try:
         workers = list_workers(engine)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy import Engine
 from app.auth import User, check_can_modify
 from core.config import RunSpec
 from db.engine import data_home, make_engine
-from db.repo import RunRecord, create_run, delete_run, get_run, request_cancel
+from db.repo import RunRecord, WorkerRecord, create_run, delete_run, get_run, request_cancel
 
 RUN_TASK = "torchdeck.execute_run"  # the name worker.tasks registers; enqueued by name only
 
@@ -61,6 +62,48 @@ def enqueue_job(task: str, kwargs: dict[str, Any], expires_s: float | None = Non
     """A dashboard job for the jobs workers, by task name; a message no worker took within expires_s is dropped
     when one finally receives it (the dashboard has stopped waiting for its answer by then)."""
     _celery(broker_url()).send_task(task, kwargs=kwargs, queue=JOBS_QUEUE, expires=expires_s)
+
+
+STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"  # the workers' own setting (worker/settings.py): a worker whose
+DEFAULT_STALE_AFTER_S = 30.0                 # heartbeat is older is gone
+
+
+def stale_after_s() -> float:
+    return float(os.environ.get(STALE_AFTER_ENV) or DEFAULT_STALE_AFTER_S)
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """Who would take a run from `queue` now: the live workers that consume it."""
+
+    queue: str
+    workers: tuple[WorkerRecord, ...]
+
+    @property
+    def served(self) -> bool:
+        return bool(self.workers)
+
+    def message(self) -> str:
+        if self.served:
+            names = ", ".join(f"{w.id} on {w.hostname}" + (" (busy)" if w.current_run_id else "") for w in self.workers[:5])
+            more = f" and {len(self.workers) - 5} more" if len(self.workers) > 5 else ""
+            return f"queue '{self.queue}' is served by {len(self.workers)} live worker(s): {names}{more}"
+        fix = ("start a worker on a GPU host (`torchdeck worker --gpus 0`, team mode `docker compose up -d worker-gpu`), "
+               "or set device: cpu to run it on a CPU worker") if self.queue == "gpu" else \
+              "start one (`torchdeck worker --queues cpu`, team mode `docker compose up -d worker-cpu`)"
+        return f"no live worker serves the '{self.queue}' queue, so the run waits until one does: {fix}"
+
+
+def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
+    """The live workers (heartbeat within the workers' stale limit) that consume `queue`."""
+    from datetime import UTC, datetime
+
+    from db.repo import list_workers
+
+    now, limit = datetime.now(UTC), stale_after_s()
+    live = tuple(w for w in list_workers(engine or get_engine())
+                 if queue in w.queues and (now - w.heartbeat_at).total_seconds() <= limit)
+    return QueueStatus(queue, live)
 
 
 def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,

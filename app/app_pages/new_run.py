@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth, services
-from app.ui import actions, frame, queries, spec_form
+from app.ui import actions, frame, queries, run_view, spec_form
 from app.ui.schema import errors_by_field, validate
 from core.config import RunSpec, SpecError
 
@@ -182,6 +182,8 @@ def main() -> None:
         else:
             st.success(f"Valid spec: queue '{spec.resource}', hash {spec.spec_hash()[:12]}",
                        icon=":material/check_circle:")
+        if spec is not None and not launch_clicked:
+            run_view.waiting_for(spec.resource)
     preflight_panel()
     if spec is not None:
         st.download_button("Download spec as YAML", spec.to_yaml(), file_name=f"{spec.name or 'run'}.yaml",

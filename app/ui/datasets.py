@@ -22,6 +22,7 @@ from typing import IO
 
 from sqlalchemy import Engine
 
+from core.names import MAX_CLASS_NAME
 from db import repo
 from db.engine import data_home
 
@@ -109,6 +110,11 @@ def inspect(zf: zipfile.ZipFile) -> Layout:
     if not_images:
         raise UploadRefused(f"{len(not_images)} file(s) are not images ({', '.join(not_images[:5])}); accepted: "
                             f"{', '.join(IMAGE_EXTENSIONS)}")
+    too_long = [c for c in layout.members if len(c) > MAX_CLASS_NAME]
+    if too_long:
+        raise UploadRefused(f"class folder name {too_long[0][:60]!r}... has {len(too_long[0])} characters; class names "
+                            f"become metric keys (val/acc_class/<name>), so at most {MAX_CLASS_NAME} are accepted: "
+                            "rename the folder")
     if len(layout.members) < 2:
         found = next(iter(layout.members), "none")
         raise UploadRefused(f"a classifier needs at least two classes, this archive has one class folder ({found!r}); "

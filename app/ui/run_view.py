@@ -47,6 +47,10 @@ def status_panel(r: RunRecord) -> None:
     c.metric(f"best {metric}" if metric else "best", f"{value:.4f}" if value is not None else "–",
              help=f"at epoch {best_epoch}" if best_epoch else None)
     d.caption(f"worker `{r.worker_id or '–'}`  \ndevice `{r.device or '–'}` · attempt {r.attempt}")
+    if r.status == "queued":
+        waiting_for(services.spec_of(r).resource)
+    if r.degraded:
+        st.warning(f"Incomplete record: {r.degraded}", icon=":material/database_off:")
     if r.status == "lost":
         st.warning("The worker running this run stopped heartbeating; it will be re-queued and resume from its last "
                    "checkpoint.", icon=":material/heart_broken:")
@@ -54,6 +58,16 @@ def status_panel(r: RunRecord) -> None:
         st.info("Cancel requested: the run stops after its current step.", icon=":material/stop_circle:")
     if r.error:
         st.error(r.error, icon=":material/error:")
+
+
+def waiting_for(queue: str) -> None:
+    """Which live workers would take a run from `queue`, or that none would and how to fix it."""
+    status = services.queue_status(queue, engine=queries.engine())
+    text = status.message()
+    if status.served:
+        st.info(text[0].upper() + text[1:], icon=":material/hourglass_top:")
+    else:
+        st.warning(text[0].upper() + text[1:], icon=":material/hourglass_disabled:")
 
 
 def diagnosis_panel(events: list[EventRecord]) -> None:

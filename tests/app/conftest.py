@@ -38,11 +38,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import redis
 
     client = redis.Redis(port=port)
-    for _ in range(100):
+    deadline = time.monotonic() + 60
+    while True:
         try:
             client.ping()
             break
         except redis.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start within 60 s"
             time.sleep(0.05)
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()

@@ -87,6 +87,7 @@ def test_refusal_is_shown_on_the_page(page):
     ({"cat/1.png": png(), "dog/1.png": b"this is no png"}, None, "could not be read as images"),
     ({"cat/1.png": png(), "cat/2.png": png()}, None, "at least two classes"),
     ({"cat/1.png": png(), "dog/1.png": png(), "loose.png": png()}, None, "outside a class folder"),
+    ({"cat/1.png": png(), "d" * 190 + "/1.png": png()}, None, "has 190 characters.*at most 186"),
 ])
 def test_bad_archives_are_refused_and_leave_nothing(engine, home, entries, link, message):
     with pytest.raises(ds.UploadRefused, match=message):

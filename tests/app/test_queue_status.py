@@ -1,0 +1,60 @@
+"""A queued run always says what it waits for: the New run page and the Run page name the live workers
+that serve the run's queue, or say that none does and how to fix it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from seeding import seed_run
+from sqlalchemy import update
+
+from db import repo
+from db.models import Worker
+from db.types import utcnow
+
+
+def _click(at, label: str):
+    next(b for b in at.button if b.label == label).click()
+    return at.run()
+
+
+def _worker(engine, worker_id: str, queues: list[str], *, age_s: float = 0.0) -> None:
+    repo.upsert_worker(engine, worker_id, hostname="host-a", queues=queues, devices=[{"kind": "cpu", "cores": 2}])
+    if age_s:
+        with engine.begin() as c:
+            c.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=age_s)))
+
+
+def test_the_new_run_page_says_no_worker_serves_the_gpu_queue_and_how_to_fix_it(page, engine):
+    _worker(engine, "cpu@host-a/1-aa", ["cpu"])  # a CPU worker only: a device=auto run goes to the gpu queue
+    at = _click(page("new_run.py"), "Validate")
+    text = " ".join(w.value for w in at.warning)
+    assert "no live worker serves the 'gpu' queue" in text.lower()
+    assert "torchdeck worker --gpus 0" in text and "device: cpu" in text
+    at.selectbox(key="nr.f.device").set_value("cpu")
+    at = _click(at, "Validate")
+    served = " ".join(i.value for i in at.info)
+    assert "queue 'cpu' is served by 1 live worker(s): cpu@host-a/1-aa on host-a" in served.lower()
+    assert not any("no live worker" in w.value.lower() for w in at.warning)
+
+
+def test_the_run_page_of_a_queued_run_names_its_workers_or_says_there_are_none(page, engine):
+    r = seed_run(engine, "waiting", status="queued", spec={"device": "cpu"})
+    _worker(engine, "cpu@host-a/2-bb", ["cpu"], age_s=3600)  # gone an hour ago: does not count
+    at = page("run.py", id=r.id)
+    assert not at.exception
+    assert any("no live worker serves the 'cpu' queue" in w.value.lower() and "torchdeck worker --queues cpu"
+               in w.value for w in at.warning)
+    _worker(engine, "cpu@host-a/3-cc", ["cpu", "gpu"])
+    at = page("run.py", id=r.id)
+    assert any("served by 1 live worker(s): cpu@host-a/3-cc" in i.value for i in at.info)
+    done = seed_run(engine, "done")
+    at = page("run.py", id=done.id)
+    assert not any("live worker" in x.value for x in [*at.info, *at.warning])  # only a queued run waits
+
+
+def test_a_degraded_run_says_its_record_may_be_incomplete(page, engine):
+    r = seed_run(engine, "partial", steps=5)
+    repo.mark_degraded(engine, r.id, "the database did not store this run's metrics within 60 s at step 5")
+    at = page("run.py", id=r.id)
+    assert any("Incomplete record: the database did not store" in w.value for w in at.warning)
