@@ -1,6 +1,11 @@
 """A user's whole path through the dashboard, in a real browser against the real stack: configure a
-digits run in the form, launch it, watch the loss chart grow, see it finish, download the ONNX file
-(and run it with onnxruntime), clone it with another learning rate, launch, compare the two."""
+digits run in the form, launch it, watch the loss chart grow, cancel it, clone it with another learning
+rate and fewer epochs, launch, see the clone finish, download its ONNX file (and run it with
+onnxruntime), export it again, compare the two.
+
+Nothing here depends on how fast the machine trains: the watched run is far too long to end by itself
+(10,000 epochs, no early stopping) and ends when the test cancels it; every other step waits for what
+the user would see, with a generous bound."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import expect
 
 FINAL = ("completed", "early stopped", "failed", "diverged", "cancelled")
 pytestmark = pytest.mark.timeout(420)
@@ -43,22 +49,44 @@ POINTS_JS = """([chart, trace]) => {
         if (title !== chart) continue;
         // _fullData: decoded arrays (gd.data holds numpy arrays as base64)
         const t = (gd._fullData || []).find(d => d.name === trace);
-        if (t) return t.x.length;
+        if (t && t.x.length) {
+            let last = -Infinity;
+            for (const v of t.x) last = Math.max(last, Number(v));
+            return [t.x.length, last];
+        }
     }
-    return 0; }"""
+    return [0, 0]; }"""
 
 
-def points(page, chart: str, trace: str) -> int:
-    """How many points a trace of a Plotly chart holds in the browser right now (live charts live in
-    their own component frame, the others in the page)."""
+def _trace(page, chart: str, trace: str) -> tuple[int, float]:
+    """(points, largest x) of a trace of a Plotly chart in the browser right now (live charts live in
+    their own component frame, the others in the page); (0, 0) while it is not drawn."""
     for frame in page.frames:
         try:
-            n = frame.evaluate(POINTS_JS, [chart, trace])
+            n, last = frame.evaluate(POINTS_JS, [chart, trace])
         except PlaywrightError:  # a frame that navigated or closed meanwhile
             continue
         if n:
-            return n
-    return 0
+            return n, last
+    return 0, 0
+
+
+def points(page, chart: str, trace: str) -> int:
+    """How many points a trace holds in the browser right now."""
+    return _trace(page, chart, trace)[0]
+
+
+def last_step(page, chart: str, trace: str) -> float:
+    """The newest step a trace shows (x axis by step). Unlike the number of points it only grows while
+    a run trains: a live chart re-downsamples its series when it gets long."""
+    return _trace(page, chart, trace)[1]
+
+
+def wait_until(what: str, condition, timeout_s: float, page) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not seen within {timeout_s:.0f} s (status {status(page)!r})"
+        page.wait_for_timeout(300)
 
 
 def status(page) -> str:
@@ -90,32 +118,43 @@ def launch_from_form(page) -> str:
 def fill_digits_form(page) -> None:
     widget(page, "nr.f.name").locator("input").fill("e2e-digits")
     set_number(page, "nr.f.data.image_size", 16)
-    set_number(page, "nr.f.train.epochs", 5)  # long enough to watch: 900 steps, 450 logged
+    # Far too long to end by itself on any machine (1.8 million steps): the test cancels it.
+    set_number(page, "nr.f.train.epochs", 10_000)
     set_number(page, "nr.f.train.batch_size", 8)
     set_number(page, "nr.f.train.log_every", 2)
+    early = widget(page, "nr.f.train.early_stopping.enabled")
+    if early.get_by_role("checkbox").is_checked():
+        early.locator("label").first.click()
+    expect(early.get_by_role("checkbox")).not_to_be_checked(timeout=60_000)
     set_formats(page, ["onnx"])
 
 
 def watch_it_grow(page, shots: Path) -> None:
-    """While the run trains, the loss chart gets new points without reloading the page."""
+    """While the run trains, the loss chart gets new points without reloading the page, and its first
+    epoch's validation accuracy appears. The run cannot finish meanwhile: it only ends when cancelled."""
     wait_status(page, ("running",) + FINAL, 120)
-    first = 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first == 0:
-        first = points(page, "Loss", "train/loss")
-        page.wait_for_timeout(300)
-    assert first > 0 and "running" in status(page), "no training loss drawn while running"
-    page.screenshot(path=str(shots / "03-run-live.png"), full_page=True)  # at once: the run is short
-    grown = first
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and grown <= first:
-        page.wait_for_timeout(300)
-        grown = points(page, "Loss", "train/loss")
-        if "running" not in status(page):  # finished meanwhile: its last refresh must still add points
-            page.wait_for_timeout(3000)
-            grown = points(page, "Loss", "train/loss")
-            break
-    assert grown > first, f"the loss chart did not grow ({first} → {grown} points)"
+    wait_until("a training loss drawn", lambda: last_step(page, "Loss", "train/loss") > 0, 120, page)
+    assert "running" in status(page), status(page)
+    page.screenshot(path=str(shots / "03-run-live.png"), full_page=True)
+    first = last_step(page, "Loss", "train/loss")
+    wait_until(f"the loss chart growing past step {first:.0f}",
+               lambda: last_step(page, "Loss", "train/loss") > first, 120, page)
+    wait_until("the first epoch's val/acc drawn", lambda: points(page, "Accuracy", "val/acc") > 0, 180, page)
+    assert "running" in status(page), status(page)  # all of it seen while the run trains
+
+
+IDLE_JS = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    return app && app.getAttribute("data-test-script-state") === "notRunning"
+        && !document.querySelector("[data-stale='true']"); }"""
+
+
+def cancel_it(page) -> None:
+    page.get_by_role("button", name="Cancel", exact=True).click()
+    final = wait_status(page, FINAL, 180)
+    assert "cancelled" in final, final
+    # The page reruns once the run has ended (its buttons change): act on the page it draws then.
+    page.wait_for_function(IDLE_JS, timeout=60_000)
 
 
 def download_onnx(page, tmp_path: Path) -> Path:
@@ -172,8 +211,18 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
     first = launch_from_form(page)
     page.get_by_role("heading", name="e2e-digits").wait_for()
     watch_it_grow(page, shots)
-    final = wait_status(page, FINAL, 240)
-    assert "completed" in final or "early stopped" in final, final + "\n" + stack["log"].read_text()[-3000:]
+    cancel_it(page)
+
+    page.get_by_role("button", name="Clone").click()
+    page.get_by_text("Form filled from clone of e2e-digits").wait_for()
+    widget(page, "nr.f.name").locator("input").fill("e2e-digits-lr3e-3")
+    set_number(page, "nr.f.optim.lr", 0.003)
+    set_number(page, "nr.f.train.epochs", 3)  # this one runs to its end, and exports its ONNX file
+    second = launch_from_form(page)
+    assert second != first
+    page.get_by_role("heading", name="e2e-digits-lr3e-3").wait_for()
+    final = wait_status(page, FINAL, 300)
+    assert "completed" in final, final + "\n" + stack["log"].read_text()[-3000:]
     page.get_by_role("tab", name="Charts").click()
     shot(page, shots, "04-run-finished.png")
     onnx = download_onnx(page, tmp_path)
@@ -181,25 +230,14 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
     export_now(page)
     shot(page, shots, "05-run-artifacts.png")
 
-    page.get_by_role("tab", name="Charts").click()
-    page.get_by_role("button", name="Clone").click()
-    page.get_by_text("Form filled from clone of e2e-digits").wait_for()
-    widget(page, "nr.f.name").locator("input").fill("e2e-digits-lr3e-3")
-    set_number(page, "nr.f.optim.lr", 0.003)
-    set_formats(page, [])  # the clone needs no export: it is here to be compared
-    second = launch_from_form(page)
-    assert second != first
-    wait_status(page, FINAL, 240)
-
     page.goto(stack["url"])
     page.get_by_text("2 run(s) match").wait_for()
     shot(page, shots, "06-runs.png")
     page.goto(f"{stack['url']}/compare?ids={first},{second}")
     page.get_by_text("Curves as CSV").wait_for()
-    deadline = time.monotonic() + 30
-    while points(page, "val/acc", "e2e-digits-lr3e-3") == 0 and time.monotonic() < deadline:
-        page.wait_for_timeout(300)
-    assert points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0
+    wait_until("both runs' val/acc on the Compare page",
+               lambda: points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0,
+               120, page)
     shot(page, shots, "07-compare.png")
     page.get_by_role("tab", name="Hyperparameters").click()
     page.locator(".js-plotly-plot .parcoords").first.wait_for(state="attached")

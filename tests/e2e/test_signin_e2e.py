@@ -106,10 +106,17 @@ def team() -> Iterator[dict]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def new_page(browser, **options):
+    """A page of a fresh browser context (no cookies). Every wait on it is for something the user would
+    see, bounded generously: a busy or slow machine takes longer, never forever."""
+    page = browser.new_context(**options).new_page()
+    page.set_default_timeout(60_000)
+    return page
+
+
 def sign_in(browser, team: dict, who: str):
     """A fresh browser (no cookies) signs in as `who` through the provider's form."""
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    page.set_default_timeout(20_000)
+    page = new_page(browser, viewport={"width": 1400, "height": 1000})
     page.goto(team["url"])
     page.get_by_role("button", name="Sign in").click()
     page.get_by_role("button", name=who, exact=True).click()  # the provider's form: a predefined user
@@ -117,23 +124,45 @@ def sign_in(browser, team: dict, who: str):
     return page
 
 
+IDLE_JS = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    return app && app.getAttribute("data-test-script-state") === "notRunning"
+        && !document.querySelector("[data-stale='true']"); }"""
+STEADY_JS = """(el) => new Promise(done => {  // the same box over two animation frames: layout has settled
+    const box = () => JSON.stringify(el.getBoundingClientRect());
+    const before = box();
+    requestAnimationFrame(() => requestAnimationFrame(() => done(before === box())));
+})"""
+
+
+def settled(page, timeout_ms: float = 60_000) -> None:
+    """Wait until the app has finished its script run and nothing on the page is stale: what is drawn
+    is all the server will draw for the last interaction."""
+    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+
+
 def select_only(page, url: str, name: str) -> None:
     """The runs table filtered to one run, and that row selected (its checkbox is drawn on a canvas)."""
-    if page.url.rstrip("/") != url:
-        page.goto(url)  # the Runs page is the default one, at the root
+    # Always a fresh page (a new session, signed in by its cookie): a selection made under the previous
+    # filter would survive the filter change, and clicking its row again would clear it.
+    page.goto(url)  # the Runs page is the default one, at the root
     box = page.locator(".st-key-runs-text input")
     box.fill(name)
     box.press("Enter")
-    page.get_by_text("1 run(s) match").wait_for()
     grid = page.locator("[data-testid='stDataFrame']").first
+    # The filtered table (its row is this run's) and the rerun that drew it finished: the caption and the
+    # buttons on the page are those of this filter, not the previous one's.
     grid.locator("td[role='gridcell']", has_text=name).first.wait_for(state="attached")
-    page.wait_for_timeout(300)
+    settled(page)
+    page.get_by_text("1 run(s) match").wait_for()
+    expect(page.locator(".st-key-runs-open button")).to_be_disabled(timeout=60_000)  # nothing selected yet
+    page.wait_for_function(STEADY_JS, arg=grid.element_handle(), timeout=60_000)
     bounds = grid.bounding_box()
     page.mouse.click(bounds["x"] + 18, bounds["y"] + 35 + 17)  # first data row, row-marker column
     # Exactly one row selected: "Open" and "Clone" enabled, and the action bar drawn anew (nothing stale).
-    page.locator(".st-key-runs-open button:enabled").wait_for()
-    page.locator(".st-key-runs-clone button:enabled").wait_for()
-    page.wait_for_function("() => !document.querySelector(\"[data-stale='true']\")")
+    page.locator(".st-key-runs-open button:enabled").wait_for(timeout=60_000)
+    page.locator(".st-key-runs-clone button:enabled").wait_for(timeout=60_000)
+    settled(page)
 
 
 def button(page, name: str):
@@ -146,11 +175,11 @@ def shot(page, name: str) -> None:
 
 
 def test_anonymous_visitors_see_no_data(team, browser):
-    page = browser.new_context().new_page()
+    page = new_page(browser)
     for path in ("", f"/run?id={team['ids']['bob-running']}", "/compare"):
         page.goto(team["url"] + path)
         button(page, "Sign in").wait_for()
-        page.wait_for_timeout(300)
+        settled(page)  # the whole script run is drawn: nothing more can appear below the sign-in screen
         body = page.locator("body").inner_text()
         assert "bob-running" not in body and "bob-done" not in body and "run(s) match" not in body, path
     shot(page, "signin-01-anonymous.png")
@@ -167,7 +196,7 @@ def _ana_path(page, team: dict) -> None:
     select_only(page, team["url"], "bob-done")
     assert button(page, "Delete").is_disabled() and button(page, "Clone").is_enabled()
     select_only(page, team["url"], "ana-done")
-    expect(button(page, "Delete")).to_be_enabled()  # her own
+    expect(button(page, "Delete")).to_be_enabled(timeout=60_000)  # her own
     button(page, "Sign out").click()
     page.get_by_role("button", name="End session").click()  # the provider's logout form (end_session_endpoint)
     button(page, "Sign in").wait_for()
@@ -206,7 +235,7 @@ def test_an_admin_may_cancel_and_delete_anyones_runs(team, browser):
         page.goto(f"{team['url']}/run?id={team['ids']['bob-running']}")
         page.get_by_role("heading", name="bob-running").wait_for()
         button(page, "Cancel").click()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while not repo.get_run(engine, team["ids"]["bob-running"]).cancel_requested and time.monotonic() < deadline:
             time.sleep(0.2)
         assert repo.get_run(engine, team["ids"]["bob-running"]).cancel_requested
@@ -225,7 +254,7 @@ def test_an_admin_may_cancel_and_delete_anyones_runs(team, browser):
 def test_download_links_take_an_opaque_artifact_id_only(team, browser, tmp_path):
     """The shareable link /artifact?id=…: the registered id downloads the file (signed in); an unknown id
     and path-like ids are refused in the page; an anonymous visitor gets the sign-in screen."""
-    anonymous = browser.new_context().new_page()
+    anonymous = new_page(browser)
     anonymous.goto(f"{team['url']}/artifact?id={team['ids']['artifact']}")
     button(anonymous, "Sign in").wait_for()
     assert not anonymous.get_by_role("button", name="Download").count()

@@ -40,13 +40,14 @@ class Redis:
         import redis
 
         client = redis.Redis(port=self.port, password=self.password)
-        for _ in range(200):
+        deadline = time.monotonic() + 60
+        while self.proc.poll() is None and time.monotonic() < deadline:
             try:
                 client.ping()
                 return
             except redis.ConnectionError:
                 time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        raise RuntimeError(f"redis-server did not start within 60 s (exit {self.proc.poll()})")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

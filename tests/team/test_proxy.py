@@ -82,11 +82,33 @@ def proxied(tmp_path_factory):
         assert checked.returncode == 0, checked.stderr
         proxy = subprocess.Popen([*base, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", app, timeout=90, log=log)
+        _wait_proxy(https_port, proxy, tmp / "error.log")  # nginx and the app start side by side: either may be last
         yield {"https": https_port, "http": http_port, "tmp": tmp}
     finally:
         if proxy is not None:
             stop(proxy)
         stop(app)
+
+
+def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """Until the health endpoint answers 200 through nginx (HTTPS), or fail with nginx's error log."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline and proxy.poll() is None:
+        try:
+            r = get(port, "/_stcore/health")
+            r.read()
+            if r.status == 200:
+                return
+            last = r.status
+        except OSError as e:
+            last = e
+        time.sleep(0.3)
+    tail = log.read_text()[-3000:] if log.exists() else ""
+    raise AssertionError(f"nginx on {port} did not pass /_stcore/health through within {timeout:.0f} s "
+                         f"({last}; exit {proxy.poll()})\n{tail}")
 
 
 def tls() -> ssl.SSLContext:
