@@ -10,29 +10,13 @@ from typing import Annotated
 
 import typer
 
+from app.cli_db import db_app
+from app.cli_runs import load_spec_or_exit as _load
 from app.cli_runs import register as register_run_commands
 from app.doctor import doctor
+from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers.")
-
-
-def _mount_optional() -> None:
-    """Sub-command groups owned by other packages' CLIs (added as those packages land)."""
-    try:
-        from app.cli_db import db_app
-    except ImportError:
-        return
-    app.add_typer(db_app, name="db", help="Database schema: upgrade, current revision.")
-
-
-def _load(spec_path: Path, overrides: list[str]):
-    from core.config import SpecError, load_spec
-
-    try:
-        return load_spec(spec_path, overrides)
-    except SpecError as e:
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -62,7 +46,7 @@ def train(
     typer.echo(f"status: {summary['status']}  best {best.get('metric', '-')}: {best.get('value', float('nan')):.4f} "
                f"(epoch {best.get('epoch', '-')})  epochs: {summary['epochs_run']}  time: {summary['wall_time_s']:.1f}s")
     typer.echo(f"outputs: {out}")
-    if summary["status"] not in ("completed", "early_stopped"):
+    if summary["status"] not in SUCCESS_STATUSES:
         raise typer.Exit(1)
 
 
@@ -82,11 +66,9 @@ def export_cmd(
     formats: Annotated[str, typer.Option(help="Comma-separated: torchscript,onnx,pt2.")] = "torchscript,onnx,pt2",
 ) -> None:
     """Export a trained run and verify each format against the eager model."""
-    from core.config import EXPORT_FORMATS
-
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     unknown = [f for f in fmts if f not in EXPORT_FORMATS]
-    if unknown or checkpoint not in ("best", "last"):
+    if unknown or checkpoint not in CHECKPOINT_FILES:
         typer.secho(f"unknown format(s) {unknown} (allowed: {', '.join(EXPORT_FORMATS)}) or checkpoint {checkpoint!r} "
                     "(allowed: best, last)", fg="red", err=True)
         raise typer.Exit(2)
@@ -109,7 +91,7 @@ def export_cmd(
         raise typer.Exit(1)
 
 
-_mount_optional()
+app.add_typer(db_app, name="db", help="Database schema: upgrade, current revision.")
 register_run_commands(app)
 app.command("doctor")(doctor)
 

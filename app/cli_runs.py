@@ -14,7 +14,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, JOBS_QUEUE, SUCCESS_STATUSES
+
+
+def load_spec_or_exit(spec_path: Path, overrides: list[str]):
+    """The validated spec of a YAML file with --set overrides; exit 2 with each field's error otherwise."""
+    from core.config import SpecError, load_spec
+
+    try:
+        return load_spec(spec_path, overrides)
+    except SpecError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 def _engine():
@@ -52,10 +63,9 @@ def submit(
     tags: Annotated[list[str], typer.Option("--tag", help="Tag the run (repeatable).")] = [],  # noqa: B006
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line."""
-    from app.cli import _load
     from app.services import submit as do_submit
 
-    run_spec = _load(spec, overrides)
+    run_spec = load_spec_or_exit(spec, overrides)
     try:
         run = do_submit(run_spec, name=name, tags=tags, engine=_engine())
     except RuntimeError as e:
@@ -102,13 +112,13 @@ def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds bet
     with Progress(TextColumn(f"[bold]{run.name or run.id}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task("run", total=1.0, status=run.status)
-        while run.status not in FINAL:
+        while run.status not in FINISHED_STATUSES:
             bar.update(task, completed=run.progress or 0.0, status=run.status)
             time.sleep(interval)
             run = get_run(engine, run_id)
         bar.update(task, completed=run.progress or 0.0, status=run.status)
     typer.echo(f"{run.status}  best {_best(run)}" + (f"  error: {run.error}" if run.error else ""))
-    if run.status not in ("completed", "early_stopped"):
+    if run.status not in SUCCESS_STATUSES:
         raise typer.Exit(1)
 
 
@@ -149,7 +159,6 @@ def worker(
     """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one CPU worker,
     plus one small worker for the dashboard's jobs (pre-flight, export now)."""
     from app.launcher import (
-        JOBS_QUEUE,
         ProcessGroup,
         gpu_count,
         jobs_worker_command,
@@ -267,7 +276,7 @@ def _requeue_queued(list_runs, spec_of) -> None:
     A run delivered twice still runs once (atomic claim)."""
     from app.services import enqueue, get_engine
 
-    page = list_runs(get_engine(), status=["queued", "lost"], limit=1000)
+    page = list_runs(get_engine(), status=list(CLAIMABLE_STATUSES), limit=1000)
     for r in page.runs:
         enqueue(r.id, spec_of(r))
 

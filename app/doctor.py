@@ -3,7 +3,7 @@ for each failure what is wrong and how to fix it. Exit status 1 when something i
 
 It checks what every run needs, in the order a run needs it: the database (reachable, schema
 current), the broker (Redis answers), live workers and their devices (their heartbeat rows in
-the database), the artifact store (a probe written, read back and removed through db/store.py),
+the database), the artifact store (a probe written, read back and removed through db/artifacts/),
 and in team mode the sign-in settings.
 Reads the same environment as the app and the workers; never imports torch or the worker.
 """
@@ -11,11 +11,11 @@ Reads the same environment as the app and the workers; never imports torch or th
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+
+from core.names import JOBS_QUEUE, queue_for
 
 # A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
 CONNECT_TIMEOUT_S = 5
@@ -223,7 +223,7 @@ def check_workers(engine) -> list[Check]:
     consumed = {q for w, _ in live for q in w.queues}
     waiting: dict[str, int] = {}
     for r in queued:
-        q = "cpu" if (r.spec or {}).get("device") == "cpu" else "gpu"
+        q = queue_for((r.spec or {}).get("device"))
         waiting[q] = waiting.get(q, 0) + 1
     orphaned = {q: n for q, n in waiting.items() if q not in consumed}
     if orphaned:
@@ -231,7 +231,7 @@ def check_workers(engine) -> list[Check]:
         checks.append(Check("workers", False, f"{what}, which no live worker consumes", start_fix, stale_note))
     else:
         checks.append(Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note))
-    if "jobs" not in consumed:
+    if JOBS_QUEUE not in consumed:
         checks.append(Check("jobs", False, "no live worker serves the jobs queue: the dashboard's pre-flight and "
                             "'Export now' wait for one wherever the dashboard cannot run them itself (the "
                             "torch-free team image, or a run trained on another host)",
@@ -251,12 +251,10 @@ def artifact_location() -> str:
 
 
 def check_artifacts() -> Check:
-    """A probe written, read back and deleted through the store every run uses (db/store.py)."""
+    """A probe written, read back and deleted through the store every run uses (db/artifacts/)."""
     location = artifact_location()
-    try:
-        from db.store import open_store
-    except ImportError:  # a torchdeck without the store module: a plain folder
-        return _check_local_folder(location)
+    from db.artifacts import open_store
+
     try:
         result = open_store(location).check()  # never raises for I/O; StoreError for a bad URL
     except Exception as e:  # noqa: BLE001
@@ -265,26 +263,6 @@ def check_artifacts() -> Check:
     if result.ok:
         return Check("artifacts", True, f"{result.url}: write, read back and delete work")
     return Check("artifacts", False, result.message, result.fix or "set TORCHDECK_ARTIFACTS to a store this host can write")
-
-
-def _check_local_folder(location: str) -> Check:
-    fix = (f"make {location} writable by the user running torchdeck (the images run as uid 10001), "
-           "or set TORCHDECK_ARTIFACTS to a folder it can write")
-    if "://" in location:
-        return Check("artifacts", False, f"{location}: this torchdeck cannot use object stores", fix)
-    root = Path(location).expanduser()
-    probe = root / f".doctor-{uuid.uuid4().hex}"
-    payload = b"torchdeck doctor\n"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(payload)
-        same = probe.read_bytes() == payload
-        probe.unlink()
-    except OSError as e:
-        return Check("artifacts", False, f"{location}: not writable ({e.strerror or e})", fix)
-    if not same:
-        return Check("artifacts", False, f"{location}: a file written there read back different", fix)
-    return Check("artifacts", True, f"{location}: write, read back and delete work")
 
 
 # --- sign-in --------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.names import JOBS_QUEUE
+from core.process import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,7 +32,6 @@ def gpu_count() -> int:
         return 0
 
 
-JOBS_QUEUE = "jobs"  # pre-flight and export-now for the dashboard (worker/jobs.py)
 
 
 def _celery_worker(loglevel: str) -> list[str]:
@@ -89,13 +91,8 @@ class ProcessGroup:
 
 
 def _term_with_parent() -> None:
-    """Linux: SIGTERM this child when the launcher dies, even by SIGKILL (no orphaned workers)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """SIGTERM this child when the launcher dies, even by SIGKILL (no orphaned workers)."""
+    die_with_parent(signal.SIGTERM)
 
 
 def ui_command(home: Path, port: int) -> list[str]:

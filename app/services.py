@@ -13,12 +13,22 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from app.auth import User, check_can_modify
+from app.auth import PermissionDenied, User, check_can_modify
 from core.config import RunSpec
-from db.engine import data_home, make_engine
-from db.repo import RunRecord, WorkerRecord, create_run, delete_run, get_run, request_cancel
+from core.names import CPU_QUEUE, GPU_QUEUE, JOBS_QUEUE, RUN_TASK, STALE_AFTER_ENV, STALE_AFTER_S
+from db.engine import data_home, database_url, make_engine
+from db.repo import (
+    ArtifactRecord,
+    RunNotFound,
+    RunRecord,
+    RunStillActive,
+    WorkerRecord,
+    create_run,
+    delete_run,
+    get_run,
+    request_cancel,
+)
 
-RUN_TASK = "torchdeck.execute_run"  # the name worker.tasks registers; enqueued by name only
 
 
 def broker_url() -> str:
@@ -42,20 +52,21 @@ def _celery(url: str):
     return c
 
 
-@lru_cache(maxsize=4)
-def _engine(url: str | None) -> Engine:
+@lru_cache(maxsize=8)
+def engine_for(url: str) -> Engine:
+    """One engine (one connection pool) per database URL for the whole process: the pages, the CLI, the jobs."""
     return make_engine(url)
 
 
 def get_engine() -> Engine:
-    return _engine(os.environ.get("TORCHDECK_DATABASE_URL") or None)
+    """The engine of $TORCHDECK_DATABASE_URL (default: the SQLite file under $TORCHDECK_HOME)."""
+    return engine_for(database_url())
 
 
 def enqueue(run_id: str, spec: RunSpec) -> None:
     _celery(broker_url()).send_task(RUN_TASK, args=[run_id], queue=spec.resource)
 
 
-JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (worker/jobs.py): torchdeck.preflight, torchdeck.export
 
 
 def enqueue_job(task: str, kwargs: dict[str, Any], expires_s: float | None = None) -> None:
@@ -64,12 +75,9 @@ def enqueue_job(task: str, kwargs: dict[str, Any], expires_s: float | None = Non
     _celery(broker_url()).send_task(task, kwargs=kwargs, queue=JOBS_QUEUE, expires=expires_s)
 
 
-STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"  # the workers' own setting (worker/settings.py): a worker whose
-DEFAULT_STALE_AFTER_S = 30.0                 # heartbeat is older is gone
-
-
 def stale_after_s() -> float:
-    return float(os.environ.get(STALE_AFTER_ENV) or DEFAULT_STALE_AFTER_S)
+    """The workers' own limit (TORCHDECK_STALE_AFTER_S, worker/settings.py): a worker whose heartbeat is older is gone."""
+    return float(os.environ.get(STALE_AFTER_ENV) or STALE_AFTER_S)
 
 
 @dataclass(frozen=True)
@@ -88,10 +96,16 @@ class QueueStatus:
             names = ", ".join(f"{w.id} on {w.hostname}" + (" (busy)" if w.current_run_id else "") for w in self.workers[:5])
             more = f" and {len(self.workers) - 5} more" if len(self.workers) > 5 else ""
             return f"queue '{self.queue}' is served by {len(self.workers)} live worker(s): {names}{more}"
-        fix = ("start a worker on a GPU host (`torchdeck worker --gpus 0`, team mode `docker compose up -d worker-gpu`), "
-               "or set device: cpu to run it on a CPU worker") if self.queue == "gpu" else \
-              "start one (`torchdeck worker --queues cpu`, team mode `docker compose up -d worker-cpu`)"
-        return f"no live worker serves the '{self.queue}' queue, so the run waits until one does: {fix}"
+        return f"no live worker serves the '{self.queue}' queue, so the run waits until one does: {_FIXES[self.queue]}"
+
+
+_FIXES = {
+    GPU_QUEUE: "start a worker on a GPU host (`torchdeck worker --gpus 0`, team mode `docker compose up -d worker-gpu`), "
+               "or set device: cpu to run it on a CPU worker",
+    CPU_QUEUE: "start one (`torchdeck worker --queues cpu`, team mode `docker compose up -d worker-cpu`)",
+    JOBS_QUEUE: "`torchdeck worker` starts a jobs worker beside its run workers (team mode `docker compose up -d "
+                "worker-cpu`)",
+}
 
 
 def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
@@ -146,16 +160,45 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
     return uris
 
 
+def rerun(run_id: str, *, owner: str, engine: Engine | None = None) -> RunRecord:
+    """The same spec again, as a new queued run whose parent is the original, owned by whoever re-runs it
+    (a re-run is a clone: anyone may make one)."""
+    engine = engine or get_engine()
+    r = get_run(engine, run_id)
+    return submit(spec_of(r), name=r.name, owner=owner, tags=list(r.tags), parent_id=r.id, engine=engine)
+
+
+def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> str | None:
+    """Delete a run (remove); returns why that was refused, or None when it is gone."""
+    try:
+        remove(run_id, engine=engine, by=by)
+    except PermissionDenied as e:
+        return str(e)
+    except RunStillActive:
+        return f"run {run_id} is still running: cancel it first"
+    except RunNotFound:
+        return None
+    return None
+
+
+def latest_by_kind(artifacts: list[ArtifactRecord]) -> dict[str, ArtifactRecord]:
+    """Exports can be made again; the newest artifact of each kind wins."""
+    out: dict[str, ArtifactRecord] = {}
+    for a in sorted(artifacts, key=lambda a: a.created_at):
+        out[a.kind] = a
+    return out
+
+
 def artifact_root() -> Path:
     """This host's run root: the artifact store's folder when it is local, else a local working copy."""
-    from db.store import local_run_root
+    from db.artifacts import local_run_root
 
     return local_run_root()
 
 
 def artifact_store():
     """The artifact store of $TORCHDECK_ARTIFACTS (a folder by default, or s3://bucket/prefix)."""
-    from db.store import open_store
+    from db.artifacts import open_store
 
     return open_store()
 
@@ -233,18 +276,6 @@ def open_artifact(artifact_id: str, engine: Engine | None = None):
                                   f"({record.uri})") from None
 
 
-def iter_artifact(artifact_id: str, engine: Engine | None = None, chunk_size: int = 1 << 20):
-    """(record, iterator of byte chunks): for a streaming HTTP response. Errors as open_artifact, raised at once."""
-    record, f = open_artifact(artifact_id, engine)
-
-    def chunks():
-        with f:
-            while chunk := f.read(chunk_size):
-                yield chunk
-
-    return record, chunks()
-
-
 def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:
     """The whole artifact (Streamlit's download button needs bytes); errors as open_artifact."""
     _, f = open_artifact(artifact_id, engine)
@@ -254,9 +285,3 @@ def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:
 
 def spec_of(run: RunRecord) -> RunSpec:
     return RunSpec.model_validate(dict(run.spec))
-
-
-def clone_spec(run_id: str, overrides: list[str] | None = None, engine: Engine | None = None) -> RunSpec:
-    run = get_run(engine or get_engine(), run_id)
-    data: dict[str, Any] = dict(run.spec)
-    return RunSpec.from_dict(data, overrides or [])

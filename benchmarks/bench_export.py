@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from core.config import DataSpec, ModelSpec, RunSpec  # noqa: E402
 from core.data import Preprocess, load_data  # noqa: E402
-from core.export import FORMATS, export_model  # noqa: E402
+from core.export import export_model  # noqa: E402
+from core.names import EXPORT_FORMATS as FORMATS  # noqa: E402
 from core.models import build_model  # noqa: E402
 
 

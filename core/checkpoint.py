@@ -1,4 +1,4 @@
-"""Checkpoints that resume exactly (S-P1, S-P2) and early stopping with its state (S-T10).
+"""Checkpoints that resume exactly and early stopping with its state.
 
 A checkpoint holds state_dicts only (never pickled objects) plus plain Python data, so it
 loads with `torch.load(weights_only=True)`.
@@ -97,5 +97,5 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    # weights_only: loading a checkpoint never runs pickled code (S-P2: map_location given).
+    # weights_only: loading a checkpoint never runs pickled code (map_location given).
     return torch.load(path, map_location=device, weights_only=True)

@@ -7,13 +7,14 @@ reads these descriptions as its help text.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from core.names import EXPORT_FORMATS, is_loss, queue_for, spec_hash
 
 # Closed registries. The form offers exactly these names; core/data.py and
 # core/models.py register exactly these (a test checks both ways).
@@ -30,11 +31,24 @@ MODEL_NAMES: tuple[str, ...] = (
     "efficientnet_b0",
     "convnext_tiny",
 )
-EXPORT_FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
-MONITORS: tuple[str, ...] = ("val/loss", "val/acc", "train/loss", "train/acc")
 
 Precision = Literal["fp32", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
+
+
+def _registered(kind: str, known: tuple[str, ...]) -> AfterValidator:
+    """A name from a closed registry; any other is refused with the list of known ones."""
+
+    def check(name: str) -> str:
+        if name not in known:
+            raise ValueError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
+        return name
+
+    return AfterValidator(check)
+
+
+DatasetName = Annotated[str, _registered("dataset", DATASET_NAMES)]
+ModelName = Annotated[str, _registered("model", MODEL_NAMES)]
 
 
 class _Section(BaseModel):
@@ -43,7 +57,7 @@ class _Section(BaseModel):
 
 
 class AugmentSpec(_Section):
-    """Augmentation applied to the training split only (S-D5); validation never sees it."""
+    """Augmentation applied to the training split only; validation never sees it."""
 
     random_crop: bool = Field(False, description="Random crop of the original size after zero padding.")
     crop_padding: int = Field(4, ge=0, le=64, description="Padding in pixels added before the random crop.")
@@ -54,9 +68,9 @@ class AugmentSpec(_Section):
 
 
 class DataSpec(_Section):
-    """Where the images come from and how they are split and normalised (S-D1…S-D8)."""
+    """Where the images come from and how they are split and normalised."""
 
-    name: str = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
+    name: DatasetName = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
     path: str | None = Field(
         None,
         description="imagefolder: a folder or .zip with one sub-folder per class. "
@@ -69,7 +83,7 @@ class DataSpec(_Section):
         None, ge=4, le=1024, description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64)."
     )
     limit: int | None = Field(None, ge=2, description="Use at most this many samples (quick trials); none uses all.")
-    normalize: bool = Field(True, description="Normalise with mean/std computed on the training split (S-D4).")
+    normalize: bool = Field(True, description="Normalise with mean/std computed on the training split.")
     augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-split augmentation.")
     # synthetic only
     num_classes: int = Field(10, ge=2, le=1000, description="synthetic: number of classes.")
@@ -82,15 +96,8 @@ class DataSpec(_Section):
         0.05, ge=0.0, le=1.0, description="imagefolder: unreadable images are skipped and counted; above this fraction the dataset is refused."
     )
     cache_mb: int = Field(
-        2048, ge=0, description="Decode images once into memory when they fit in this many MB (S-D1); larger sets decode per item."
+        2048, ge=0, description="Decode images once into memory when they fit in this many MB; larger sets decode per item."
     )
-
-    @field_validator("name")
-    @classmethod
-    def _known_dataset(cls, v: str) -> str:
-        if v not in DATASET_NAMES:
-            raise ValueError(f"unknown dataset {v!r}; known datasets: {', '.join(DATASET_NAMES)}")
-        return v
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DataSpec:
@@ -100,9 +107,9 @@ class DataSpec(_Section):
 
 
 class ModelSpec(_Section):
-    """The network and how it is transferred (S-M1…S-M6)."""
+    """The network and how it is transferred."""
 
-    name: str = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
+    name: ModelName = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
     pretrained: bool = Field(
         False, description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline)."
     )
@@ -124,15 +131,8 @@ class ModelSpec(_Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classification head.")
     hidden: int = Field(128, ge=8, le=8192, description="mlp/simple_cnn: width of the hidden fully connected layer.")
     gradient_checkpointing: bool = Field(
-        False, description="Recompute stage activations in backward to save memory (S-T9); slower."
+        False, description="Recompute stage activations in backward to save memory; slower."
     )
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, v: str) -> str:
-        if v not in MODEL_NAMES:
-            raise ValueError(f"unknown model {v!r}; known models: {', '.join(MODEL_NAMES)}")
-        return v
 
     @model_validator(mode="after")
     def _transfer_needs_weights(self) -> ModelSpec:
@@ -145,7 +145,7 @@ class ModelSpec(_Section):
 
 
 class OptimSpec(_Section):
-    """Optimizer (S-T4). Weight decay skips norms and biases by default."""
+    """Optimizer. Weight decay skips norms and biases by default."""
 
     name: Literal["sgd", "adam", "adamw", "rmsprop"] = Field("adam", description="Optimizer; Adam at lr 1e-3 is the usual start.")
     lr: float = Field(1e-3, gt=0.0, description="Learning rate of the head (and of the whole model from scratch).")
@@ -170,7 +170,7 @@ class OptimSpec(_Section):
 
 
 class ScheduleSpec(_Section):
-    """Learning-rate schedule (S-T5). All but plateau are applied per optimizer step."""
+    """Learning-rate schedule. All but plateau are applied per optimizer step."""
 
     name: Literal["none", "step", "multistep", "cosine", "plateau", "onecycle"] = Field(
         "none", description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
@@ -193,35 +193,34 @@ class ScheduleSpec(_Section):
 
 
 class GradClipSpec(_Section):
-    """Gradient clipping before the optimizer step (S-T6)."""
+    """Gradient clipping before the optimizer step."""
 
     mode: Literal["none", "norm", "value"] = Field("norm", description="norm: clip_grad_norm_; value: clip_grad_value_; none.")
     max: float = Field(1.0, gt=0.0, description="Max total norm (mode=norm) or max absolute value (mode=value).")
 
 
 class EarlyStoppingSpec(_Section):
-    """Stop when the monitored metric stops improving and keep the best weights (S-T10)."""
+    """Stop when the monitored metric stops improving and keep the best weights."""
 
     enabled: bool = Field(True, description="Stop early when the monitored metric stops improving.")
     monitor: Literal["val/loss", "val/acc", "train/loss", "train/acc"] = Field("val/loss", description="Metric to watch.")
     mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies.")
     patience: int = Field(5, ge=1, description="Epochs without improvement before stopping.")
     min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
-    restore_best: bool = Field(True, description="Load the best epoch's weights at the end (exports use them).")
 
     @property
     def resolved_mode(self) -> Literal["min", "max"]:
         if self.mode != "auto":
             return self.mode
-        return "min" if self.monitor.endswith("loss") else "max"
+        return "min" if is_loss(self.monitor) else "max"
 
 
 class TrainSpec(_Section):
-    """The loop: epochs, batches, precision and stability (S-T1…S-T13)."""
+    """The loop: epochs, batches, precision and stability."""
 
     epochs: int = Field(10, ge=1, le=10_000, description="Maximum number of epochs.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Samples per optimizer micro-batch.")
-    accumulate: int = Field(1, ge=1, le=1024, description="Gradient accumulation: optimizer step every N micro-batches (S-T8).")
+    accumulate: int = Field(1, ge=1, le=1024, description="Gradient accumulation: optimizer step every N micro-batches.")
     precision: Precision = Field("fp32", description="fp32; fp16 (CUDA, with GradScaler); bf16 (CPU or CUDA autocast).")
     grad_clip: GradClipSpec = Field(default_factory=GradClipSpec, description="Gradient clipping.")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Cross-entropy label smoothing.")
@@ -229,25 +228,27 @@ class TrainSpec(_Section):
     steps_per_epoch: int | None = Field(None, ge=1, description="Cap on training batches per epoch (quick trials); none: the whole split.")
     log_every: int = Field(10, ge=1, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps.")
     diag_every: int = Field(50, ge=1, description="Per-layer gradient norms and update/parameter ratios every N steps.")
-    overfit_check: bool = Field(False, description="Before training, check that the model can overfit one batch (S-T13).")
+    overfit_check: bool = Field(False, description="Before training, check that the model can overfit one batch.")
     overfit_steps: int = Field(50, ge=5, le=1000, description="Steps of the overfit-one-batch check.")
     detect_anomaly: bool = Field(True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op.")
 
 
 class CheckpointSpec(_Section):
-    """Checkpoints: last and best, enough to resume exactly (S-P1, S-P2)."""
+    """Checkpoints: last and best, enough to resume exactly."""
 
     save_last: bool = Field(True, description="Save last.pt at the end of every epoch (needed for resume).")
     save_best: bool = Field(True, description="Save best.pt whenever the monitored metric improves.")
 
 
 class ExportSpec(_Section):
-    """Exports produced and verified against the trained model at the end (S-E1…S-E5)."""
+    """Exports produced and verified against the trained model at the end."""
 
     formats: list[Literal["torchscript", "onnx", "pt2"]] = Field(
         default_factory=lambda: list(EXPORT_FORMATS), description="Formats to export and verify; empty for none."
     )
-    checkpoint: Literal["best", "last"] = Field("best", description="Which weights to export.")
+    checkpoint: Literal["best", "last"] = Field(
+        "best", description="Which weights the end-of-run export uses: best (the best epoch's, when best.pt was "
+        "saved) or last (the final epoch's).")
     atol: float = Field(1e-4, gt=0.0, description="Max absolute logit difference allowed against the eager model.")
     parity_samples: int = Field(256, ge=1, le=4096, description="Validation samples used for the parity check.")
     opset: int | None = Field(None, ge=13, le=23, description="ONNX opset; none uses the exporter's default.")
@@ -259,12 +260,12 @@ class ExportSpec(_Section):
 
 
 class LoaderSpec(_Section):
-    """DataLoader settings (S-D3, S-D7)."""
+    """DataLoader settings."""
 
     num_workers: int | None = Field(None, ge=0, le=64, description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).")
     pin_memory: bool | None = Field(None, description="Pinned host memory; none: on when training on CUDA.")
     device_cache_mb: int = Field(
-        1024, ge=0, description="Datasets up to this size (MB, as float32) are moved to the device once (S-D7); 0 disables it."
+        1024, ge=0, description="Datasets up to this size (MB, as float32) are moved to the device once; 0 disables it."
     )
 
 
@@ -280,10 +281,23 @@ class RunSpec(_Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
     export: ExportSpec = Field(default_factory=ExportSpec, description="Exports.")
     loader: LoaderSpec = Field(default_factory=LoaderSpec, description="Data loading.")
-    seed: int = Field(42, ge=0, le=2**32 - 1, description="Seed for Python, NumPy, torch, the split and the loaders (S-P3).")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Seed for Python, NumPy, torch, the split and the loaders.")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and cuDNN determinism (slower).")
     device: Device = Field("auto", description="auto: CUDA when available, else CPU.")
-    compile: bool = Field(False, description="torch.compile the model (S-T11); helps fixed-shape models on GPU.")
+    compile: bool = Field(False, description="torch.compile the model; helps fixed-shape models on GPU.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_restore_best(cls, data: Any) -> Any:
+        """Specs written before export.checkpoint was honoured said which weights to keep with
+        train.early_stopping.restore_best; read `false` there as export.checkpoint: last."""
+        es = ((data or {}).get("train") or {}).get("early_stopping") if isinstance(data, dict) else None
+        if not isinstance(es, dict) or "restore_best" not in es:
+            return data
+        data = {**data, "train": {**data["train"], "early_stopping": {k: v for k, v in es.items() if k != "restore_best"}}}
+        if es["restore_best"] is False and "checkpoint" not in (data.get("export") or {}):
+            data["export"] = {**(data.get("export") or {}), "checkpoint": "last"}
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunSpec:
@@ -293,15 +307,13 @@ class RunSpec(_Section):
 
     # --- identity ---------------------------------------------------------------
     def spec_hash(self) -> str:
-        """sha256 of the canonical JSON of the spec, name excluded (same recipe, same hash)."""
-        payload = self.model_dump(mode="json", exclude={"name"})
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        """sha256 of the canonical JSON of the spec, name excluded (core.names.spec_hash: what the database stores)."""
+        return spec_hash(self.model_dump(mode="json"))
 
     @property
-    def resource(self) -> Literal["cpu", "gpu"]:
-        """The worker queue a run needs: a CPU run never waits for a GPU worker."""
-        return "cpu" if self.device == "cpu" else "gpu"
+    def resource(self) -> str:
+        """The worker queue a run needs (core.names.queue_for): a CPU run never waits for a GPU worker."""
+        return queue_for(self.device)
 
     # --- YAML --------------------------------------------------------------------
     def to_yaml(self) -> str:

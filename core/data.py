@@ -1,9 +1,9 @@
-"""Datasets, the stratified split and the loaders (S-D1…S-D8).
+"""Datasets, the stratified split and the loaders.
 
-Every dataset becomes uint8 images (N, C, H, W) plus integer labels, decoded once
-(S-D1). Small sets live on the training device for the whole run (S-D7); large
-image folders decode per item in DataLoader workers. Normalisation (mean/std of
-the training split, S-D4) and augmentation (training split only, S-D5) run as
+Every dataset becomes uint8 images (N, C, H, W) plus integer labels, decoded once. Small
+sets live on the training device for the whole run; large image folders decode per item in
+DataLoader workers. Normalisation (mean/std of
+the training split) and augmentation (training split only) run as
 batched tensor ops on the device, so they cost the same for every source.
 """
 
@@ -256,7 +256,7 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
 
 
 class DeviceBatches:
-    """A whole split held on the device (S-D7): batches are index slices, no copies per step."""
+    """A whole split held on the device: batches are index slices, no copies per step."""
 
     def __init__(self, split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int):
         assert isinstance(split.images, torch.Tensor)
@@ -273,7 +273,7 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.y)
-        if self.shuffle:  # S-D2: only the training split is shuffled
+        if self.shuffle:  # only the training split is shuffled
             order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(self.device)
             for i in range(0, n, self.batch_size):
                 idx = order[i : i + self.batch_size]
@@ -295,7 +295,7 @@ class _SplitDataset(Dataset):
 
 
 def _seed_worker(worker_id: int) -> None:
-    # S-D8: every loader worker gets its own seed, derived from the loader's generator.
+    # every loader worker gets its own seed, derived from the loader's generator.
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
     random.seed(s)
@@ -334,7 +334,7 @@ def default_num_workers(loader: LoaderSpec, split: Split) -> int:
         return loader.num_workers
     if isinstance(split.images, torch.Tensor):
         return 0  # already decoded in memory: worker processes would only add IPC
-    return max(1, min(4, (os.cpu_count() or 2) // 2))  # S-D3: about half the cores
+    return max(1, min(4, (os.cpu_count() or 2) // 2))  # about half the cores
 
 
 def make_batches(split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec):

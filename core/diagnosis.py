@@ -1,4 +1,4 @@
-"""Online diagnosis: the seeds' troubleshooting table (S-X4) turned into events with advice.
+"""Online diagnosis: the troubleshooting table of docs/practices.md turned into events with advice.
 
 Each finding is emitted once per cause as an event of kind "diagnosis" whose data holds
 a stable `code`, the evidence and the `advice`, so the dashboard can show and filter them.
@@ -58,7 +58,7 @@ class Diagnoser:
         self.sink.event("diagnosis", level, message, {"code": code, "advice": ADVICE[code], **data}, step=at_step)
 
     def layer_norms(self, step: int, norms: dict[str, float]) -> None:
-        """S-X5: exploding = far above the other layers; vanishing = below 1e-10."""
+        """exploding = far above the other layers; vanishing = below 1e-10."""
         finite = {k: v for k, v in norms.items() if math.isfinite(v)}
         if len(finite) >= 2:
             for k, v in finite.items():

@@ -1,4 +1,4 @@
-"""The explicit training loop: `train_one_epoch`, `evaluate`, `fit` (S-T1…S-T13).
+"""The explicit training loop: `train_one_epoch`, `evaluate`, `fit`.
 
 It reads top to bottom. Per step it does what the textbook loop does plus cheap
 bookkeeping kept on the device; host syncs (`.item()`) happen only every
@@ -16,12 +16,33 @@ import torch
 from torch import nn
 
 from core.checkpoint import EarlyStopping, rng_state, save_checkpoint
-from core.config import RunSpec
+from core.config import RunSpec, TrainSpec
 from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
 from core.diagnosis import Diagnoser
 from core.events import Control, Sink
 from core.models import Classifier
-from core.names import CLASS_ACC_PREFIX, class_acc_key
+from core.names import (
+    CHECKPOINT_FILES,
+    CLASS_ACC_PREFIX,
+    DATA_WAIT,
+    DATA_WAIT_EPOCH,
+    EPOCH_TIME,
+    GRAD_NORM,
+    GRAD_NORM_PREFIX,
+    LR,
+    LR_EPOCH,
+    PEAK_MEMORY,
+    THROUGHPUT,
+    TRAIN_ACC,
+    TRAIN_EPOCH_LOSS,
+    TRAIN_LOSS,
+    VAL_ACC,
+    VAL_ACC_TOP5,
+    VAL_LOSS,
+    class_acc_key,
+    grad_norm_key,
+    update_ratio_key,
+)
 from core.optim import AmpStep, Schedule, apply_transfer
 
 
@@ -71,7 +92,6 @@ class Trainer:
     diagnoser: Diagnoser
     early: EarlyStopping
     out_dir: Any
-    criterion: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     global_step: int = 0
     epoch: int = 0  # last completed epoch
     ref_loss: float | None = None  # the first logged loss, the yardstick for divergence
@@ -83,7 +103,7 @@ class Trainer:
         self.pre_train = Preprocess(self.data.info, aug if any_aug else None, self.device)
         self.pre_val = Preprocess(self.data.info, None, self.device)
         self.groups = self.model.param_groups_by_stage()
-        # S-D1: with no augmentation, a device-resident split is normalised once, not every step.
+        # with no augmentation, a device-resident split is normalised once, not every step.
         budget = self.spec.loader.device_cache_mb * 2**20
         for batches, pre in ((self.train_batches, self.pre_train), (self.val_batches, self.pre_val)):
             if isinstance(batches, DeviceBatches) and pre.augment is None and batches.x.numel() * 4 <= budget:
@@ -92,10 +112,7 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        n = len(self.train_batches)
-        if self.spec.train.steps_per_epoch:
-            n = min(n, self.spec.train.steps_per_epoch)
-        return max(1, math.ceil(n / self.spec.train.accumulate))
+        return steps_per_epoch(len(self.train_batches), self.spec.train)
 
     # --- per-layer diagnostics (every diag_every steps) ---------------------------------------
     def _group_grad_norms(self) -> dict[str, torch.Tensor]:
@@ -103,8 +120,14 @@ class Trainer:
         for name, ps in self.groups.items():
             grads = [p.grad for p in ps if p.grad is not None]
             if grads:
-                out[f"grad_norm/{name}"] = torch.nn.utils.get_total_norm(grads)
+                out[grad_norm_key(name)] = torch.nn.utils.get_total_norm(grads)
         return out
+
+
+def steps_per_epoch(micro_batches: int, train: TrainSpec) -> int:
+    """Optimizer steps in one epoch of `micro_batches` (train.steps_per_epoch caps it; accumulation divides it)."""
+    n = min(micro_batches, train.steps_per_epoch) if train.steps_per_epoch else micro_batches
+    return max(1, math.ceil(n / train.accumulate))
 
 
 def prepare(pre: Preprocess, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
@@ -113,7 +136,7 @@ def prepare(pre: Preprocess, x: torch.Tensor, gen: torch.Generator | None = None
 
 
 def set_train_mode(model: Classifier) -> None:
-    """model.train() (S-T2), but frozen stages keep BatchNorm statistics fixed (feature extraction)."""
+    """model.train(), but frozen stages keep BatchNorm statistics fixed (feature extraction)."""
     model.train()
     for _, mods in model.stages():
         for m in mods:
@@ -121,7 +144,69 @@ def set_train_mode(model: Classifier) -> None:
                 m.eval()
 
 
+class Tally:
+    """What an epoch and the current logging window have accumulated, kept on the device: reading it back
+    (`.item()`) is a host sync, done only at log steps and at the end of the epoch."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss, self.correct = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long)
+        self.n, self.wait = 0, 0.0
+        self.win_loss, self.win_batches, self.win_samples, self.win_wait = torch.zeros((), device=device), 0, 0, 0.0
+        self.start = self.win_start = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, waited: float) -> None:
+        self.loss += loss.detach() * len(y)
+        self.correct += (logits.detach().argmax(1) == y).sum()
+        self.n += len(y)
+        self.wait += waited
+        self.win_loss += loss.detach()
+        self.win_batches += 1
+        self.win_samples += len(y)
+        self.win_wait += waited
+
+    def window(self) -> dict[str, float]:
+        """The logging window's figures, then a fresh window."""
+        now = time.perf_counter()
+        span = max(now - self.win_start, 1e-9)
+        out = {TRAIN_LOSS: (self.win_loss / self.win_batches).item(), THROUGHPUT: self.win_samples / span,
+               DATA_WAIT: self.win_wait / span}
+        self.win_loss.zero_()
+        self.win_batches, self.win_samples, self.win_wait, self.win_start = 0, 0, 0.0, now
+        return out
+
+    def epoch(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return {TRAIN_EPOCH_LOSS: (self.loss / max(self.n, 1)).item(), TRAIN_ACC: self.correct.item() / max(self.n, 1),
+                DATA_WAIT_EPOCH: self.wait / elapsed}
+
+
+class LayerProbe:
+    """Per layer group, on a diagnostics step: the gradient norm before the update and ‖Δw‖/‖w‖ after it."""
+
+    def __init__(self, t: Trainer, params: list[nn.Parameter]) -> None:
+        self.t, self.params = t, params
+        self.values: dict[str, torch.Tensor] = {}
+        self.before: list[torch.Tensor] = []
+
+    def before_step(self) -> None:
+        self.values.update(self.t._group_grad_norms())
+        self.before = [p.detach().clone() for p in self.params]
+
+    def after_step(self) -> None:
+        """‖Δw‖/‖w‖ per layer group (≈1e-3 is healthy), next to each group's gradient norm."""
+        old = {id(p): b for p, b in zip(self.params, self.before, strict=True)}
+        for name, ps in self.t.groups.items():
+            pairs = [(p, old[id(p)]) for p in ps if id(p) in old]
+            if not pairs:
+                continue
+            delta = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b) for p, b in pairs]))
+            base = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b) for _, b in pairs]))
+            self.values[update_ratio_key(name)] = delta / base.clamp_min(1e-12)
+
+
 def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
+    """One pass over the training split: forward, loss, backward on every micro-batch; an optimizer step
+    every `train.accumulate` of them (optimizer_step)."""
     spec = t.spec.train
     set_train_mode(t.model)
     t.train_batches.set_epoch(epoch)
@@ -129,84 +214,52 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
     params = [p for p in t.model.parameters() if p.requires_grad]
     n_micro = min(len(t.train_batches), (spec.steps_per_epoch or 10**12) * spec.accumulate)
     crit = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
-    dev = t.device
-    ep_loss, ep_correct, ep_n = torch.zeros((), device=dev), torch.zeros((), device=dev, dtype=torch.long), 0
-    win_loss, win_batches, win_samples, win_wait = torch.zeros((), device=dev), 0, 0, 0.0
-    ep_wait, t_epoch, t_win = 0.0, time.perf_counter(), time.perf_counter()
-    it = iter(t.train_batches)
+    tally, it = Tally(t.device), iter(t.train_batches)
     for i in range(n_micro):
         t0 = time.perf_counter()
         x, y = next(it)
         waited = time.perf_counter() - t0
-        win_wait += waited
-        ep_wait += waited
         x = prepare(t.pre_train, x, gen)
         with t.amp.autocast():
             logits = t.forward(x)
-        loss = crit(logits.float(), y)  # S-T3: cross-entropy on raw logits
-        t.amp.backward(loss / spec.accumulate)  # S-T8: the mean over the accumulated batch
-        ep_loss += loss.detach() * len(y)
-        ep_correct += (logits.detach().argmax(1) == y).sum()
-        ep_n += len(y)
-        win_loss += loss.detach()
-        win_batches += 1
-        win_samples += len(y)
-        if (i + 1) % spec.accumulate and i + 1 < n_micro:
-            continue
-        step = t.global_step + 1
-        log, diag = step % spec.log_every == 0 or step == 1, step % spec.diag_every == 0
-        norms, before = {}, []
-
-        def inspect() -> None:
-            if diag:
-                norms.update(t._group_grad_norms())
-                before.extend(p.detach().clone() for p in params)
-
-        def ratios() -> None:
-            if diag:
-                _update_ratios(t, params, before, norms)
-
-        grad_norm = t.amp.step(t.optimizer, params, want_norm=log, before_step=inspect, after_step=ratios)
-        t.schedule.step_batch()
-        t.global_step = step
-        if log or diag:
-            now = time.perf_counter()
-            values = {"train/loss": (win_loss / win_batches).item(), "lr": t.optimizer.param_groups[-1]["lr"],
-                      "throughput": win_samples / max(now - t_win, 1e-9), "data_wait": win_wait / max(now - t_win, 1e-9)}
-            if grad_norm is not None:
-                values["grad_norm"] = float(grad_norm)
-            values.update({k: float(v) for k, v in norms.items()})
-            if diag:
-                t.diagnoser.layer_norms(step, {k.removeprefix("grad_norm/"): v for k, v in values.items() if k.startswith("grad_norm/")})
-            t.sink.metrics(step, epoch, values)  # logged first: the chart shows the explosion
-            check_divergence(t, step, values["train/loss"], values.get("grad_norm"))
-            t.sink.progress(step, t.steps_per_epoch * t.spec.train.epochs)
-            win_loss.zero_()
-            win_batches, win_samples, win_wait, t_win = 0, 0, 0.0, now
-        if t.control.should_stop():
-            raise Stopped()
-    train_loss = (ep_loss / max(ep_n, 1)).item()
-    if not math.isfinite(train_loss):
-        raise Diverged(t.global_step, train_loss, f"end of epoch {epoch}")
-    elapsed = time.perf_counter() - t_epoch
-    return {"train/epoch_loss": train_loss, "train/acc": ep_correct.item() / max(ep_n, 1), "data_wait_epoch": ep_wait / max(elapsed, 1e-9)}
+        loss = crit(logits.float(), y)  # cross-entropy on raw logits
+        t.amp.backward(loss / spec.accumulate)  # the mean over the accumulated batch
+        tally.add(loss, logits, y, waited)
+        if (i + 1) % spec.accumulate == 0 or i + 1 == n_micro:
+            optimizer_step(t, params, tally, epoch)
+            if t.control.should_stop():
+                raise Stopped()
+    figures = tally.epoch()
+    if not math.isfinite(figures[TRAIN_EPOCH_LOSS]):
+        raise Diverged(t.global_step, figures[TRAIN_EPOCH_LOSS], f"end of epoch {epoch}")
+    return figures
 
 
-def _update_ratios(t: Trainer, params: list, before: list, norms: dict) -> None:
-    """S-X2: ‖Δw‖/‖w‖ per layer group (≈1e-3 is healthy), next to each group's gradient norm."""
-    old = {id(p): b for p, b in zip(params, before, strict=True)}
-    for name, ps in t.groups.items():
-        pairs = [(p, old[id(p)]) for p in ps if id(p) in old]
-        if not pairs:
-            continue
-        delta = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.detach() - b) for p, b in pairs]))
-        base = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b) for _, b in pairs]))
-        norms[f"update_ratio/{name}"] = delta / base.clamp_min(1e-12)
+def optimizer_step(t: Trainer, params: list[nn.Parameter], tally: Tally, epoch: int) -> None:
+    """unscale → (probe) → clip → step (AmpStep), the schedule, and every `log_every` steps the metrics."""
+    step = t.global_step + 1
+    log, diag = step % t.spec.train.log_every == 0 or step == 1, step % t.spec.train.diag_every == 0
+    probe = LayerProbe(t, params) if diag else None
+    grad_norm = t.amp.step(t.optimizer, params, want_norm=log, before_step=probe and probe.before_step,
+                           after_step=probe and probe.after_step)
+    t.schedule.step_batch()
+    t.global_step = step
+    if log or diag:
+        values = {**tally.window(), LR: t.optimizer.param_groups[-1]["lr"]}
+        if grad_norm is not None:
+            values[GRAD_NORM] = float(grad_norm)
+        if probe is not None:
+            values.update({k: float(v) for k, v in probe.values.items()})
+            t.diagnoser.layer_norms(step, {k.removeprefix(GRAD_NORM_PREFIX): v for k, v in values.items()
+                                           if k.startswith(GRAD_NORM_PREFIX)})
+        t.sink.metrics(step, epoch, values)  # logged first: the chart shows the explosion
+        check_divergence(t, step, values[TRAIN_LOSS], values.get(GRAD_NORM))
+        t.sink.progress(step, t.steps_per_epoch * t.spec.train.epochs)
 
 
 @torch.inference_mode()
 def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
-    """S-T2: eval() + inference_mode for every validation phase. Returns metrics and the confusion matrix."""
+    """eval() + inference_mode for every validation phase. Returns metrics and the confusion matrix."""
     t.model.eval()
     c = t.data.info.num_classes
     dev = t.device
@@ -224,9 +277,9 @@ def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
             top5 += (logits.topk(5, dim=1).indices == y[:, None]).any(1).sum()
         n += len(y)
     cm = confusion.view(c, c).cpu()
-    m = {"val/loss": (loss_sum / max(n, 1)).item(), "val/acc": float(cm.diag().sum()) / max(n, 1)}
+    m = {VAL_LOSS: (loss_sum / max(n, 1)).item(), VAL_ACC: float(cm.diag().sum()) / max(n, 1)}
     if c > 5:
-        m["val/acc_top5"] = top5.item() / max(n, 1)
+        m[VAL_ACC_TOP5] = top5.item() / max(n, 1)
     return m, cm
 
 
@@ -251,8 +304,8 @@ def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
 def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float) -> str | None:
     """Validate, log, checkpoint, decide. Returns a final status when training must end."""
     val_m, cm = evaluate(t)
-    m = {**train_m, **val_m, "epoch_time_s": seconds, "lr_epoch": t.optimizer.param_groups[-1]["lr"],
-         "mem/peak_mb": _peak_memory_mb(t.device)}
+    m = {**train_m, **val_m, EPOCH_TIME: seconds, LR_EPOCH: t.optimizer.param_groups[-1]["lr"],
+         PEAK_MEMORY: _peak_memory_mb(t.device)}
     names = t.data.info.class_names
     per_class = (cm.diag().float() / cm.sum(1).clamp_min(1).float()).tolist()
     keys = [class_acc_key(n) for n in names]  # a class name never makes a key the store refuses
@@ -268,7 +321,7 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
     t.diagnoser.epoch(epoch, m, t.global_step)
     monitor = t.spec.train.early_stopping.monitor
-    value = m["train/epoch_loss"] if monitor == "train/loss" else m[monitor]
+    value = m[TRAIN_EPOCH_LOSS] if monitor == TRAIN_LOSS else m[monitor]
     best = t.early.update(value, epoch)
     t.schedule.step_epoch(value)
     t.epoch = epoch
@@ -281,9 +334,9 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     if payload is not None and flush is not None:
         flush()
     if ck.save_best and best:
-        save_checkpoint(t.out_dir / "checkpoints" / "best.pt", payload)
+        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["best"], payload)
     if ck.save_last:
-        save_checkpoint(t.out_dir / "checkpoints" / "last.pt", payload)
+        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["last"], payload)
     if t.early.should_stop:
         t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
                      f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)

@@ -8,11 +8,12 @@ JSON-lines and console sinks below. No torch import here.
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from core.names import json_safe
 
 
 @runtime_checkable
@@ -56,19 +57,8 @@ class StopFlag:
         return self._flag.is_set()
 
 
-def _json_safe(v: Any) -> Any:
-    """JSON has no NaN/Inf: write them as strings pandas reads back as floats."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
-
-
 class JsonlSink:
-    """metrics.jsonl / events.jsonl / artifacts.jsonl in a run folder (S-P5).
+    """metrics.jsonl / events.jsonl / artifacts.jsonl in a run folder.
 
     One object per line, flushed per write so a crash loses nothing and
     `pandas.read_json(path, lines=True)` reads it while the run goes on.
@@ -83,16 +73,16 @@ class JsonlSink:
         self.last_progress = (0, 0)
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
-        rec = {"step": step, "epoch": epoch, "time": time.time(), "values": _json_safe(values)}
+        rec = {"step": step, "epoch": epoch, "time": time.time(), "values": json_safe(values)}
         self._metrics.write(json.dumps(rec) + "\n")
 
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
-        rec = {"time": time.time(), "kind": kind, "level": level, "message": message, "data": _json_safe(data or {}),
+        rec = {"time": time.time(), "kind": kind, "level": level, "message": message, "data": json_safe(data or {}),
                "step": step}
         self._events.write(json.dumps(rec) + "\n")
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
-        rec = {"time": time.time(), "kind": kind, "path": str(path), "meta": _json_safe(meta or {})}
+        rec = {"time": time.time(), "kind": kind, "path": str(path), "meta": json_safe(meta or {})}
         self._artifacts.write(json.dumps(rec) + "\n")
 
     def progress(self, done: int, total: int) -> None:

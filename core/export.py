@@ -1,4 +1,4 @@
-"""Verified model exports: TorchScript, ONNX and torch.export, each checked against the eager model (S-E1…S-E5).
+"""Verified model exports: TorchScript, ONNX and torch.export, each checked against the eager model.
 
 `export_model` writes `model.ts`, `model.onnx`, `model.pt2`, `export.json` and `bundle.zip`. Every
 file is reloaded from disk and run on a real validation batch (and on batch sizes 1 and 7, which
@@ -13,31 +13,33 @@ onnx, onnxruntime and onnxscript are imported inside the functions that need the
 from __future__ import annotations
 
 import json
-import platform
 import re
 import statistics
 import time
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
-FILES: dict[str, str] = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}
-CHECK_BATCHES = (1, 7)  # besides the full batch: batch 1 and an odd size expose a specialised batch dim
+from core.export_report import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    bundle_members,
+    check_args,
+    embedded,
+    report_head,
+    write_bundle,
+)
+from core.names import EXPORT_EXTRAS, EXPORT_FILES
+
 LATENCY_BATCHES = (1, 32)
 LATENCY_REPEATS = 20  # median of this many timed calls, after LATENCY_WARMUP untimed ones
 LATENCY_WARMUP = 3
 LATENCY_BUDGET_S = 1.0  # a slow model stops earlier (≥3 timed calls): the median stays quick on CPU
-META_KEYS = ("class_names", "channels", "image_size", "mean", "std")  # what predict.py cannot work without
-INPUT_NAME, OUTPUT_NAME = "input", "logits"
 
 Runner = Callable[[torch.Tensor], torch.Tensor]  # float batch → logits, whatever runtime is behind it
 
@@ -88,28 +90,6 @@ def _finite(v: float) -> float | None:
     return round(v, 8) if v == v and abs(v) != float("inf") else None  # JSON has no NaN/inf
 
 
-def _versions(extra: dict[str, str] | None) -> dict[str, str]:
-    """The caller's versions (training time) updated with the ones that wrote these files."""
-    out = {**(extra or {}), "python": platform.python_version()}
-    for pkg in ("torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "numpy"):
-        try:
-            out[pkg] = importlib_metadata.version(pkg)
-        except importlib_metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _embedded(report: dict[str, Any]) -> dict[str, str]:
-    """Flat string metadata for ONNX metadata_props and the TorchScript / pt2 extra files: enough to
-    preprocess an image and name the class without export.json (S-E4)."""
-    inp = report["input"]
-    as_json = {"class_names": report["class_names"], "input_shape": inp["shape"], "mean": inp["mean"],
-               "std": inp["std"], "versions": report["versions"]}
-    as_text = {"channels": inp["channels"], "image_size": inp["image_size"], "preprocess": inp["preprocess"],
-               "spec_hash": report["spec_hash"] or "", "arch": report["arch"] or ""}
-    return {**{k: json.dumps(v) for k, v in as_json.items()}, **{k: str(v) for k, v in as_text.items()}}
-
-
 # --- verification --------------------------------------------------------------------------------
 
 
@@ -156,7 +136,7 @@ def _latency(run: Runner, inputs: torch.Tensor) -> dict[str, float]:
 def _trace_problems(traced: torch.jit.ScriptModule, inputs: torch.Tensor, refs: dict[int, torch.Tensor], atol: float,
                     caught: list[warnings.WarningMessage]) -> list[str]:
     """Why a trace cannot be trusted: TracerWarnings, or outputs that differ from eager at any batch size
-    (a trace records only the path the example took, S-E2)."""
+    (a trace records only the path the example took)."""
     problems = [f"TracerWarning: {str(w.message).splitlines()[0]}" for w in caught
                 if issubclass(w.category, torch.jit.TracerWarning)]
     for n, ref in refs.items():
@@ -320,67 +300,17 @@ def _export_one(fmt: str, model: nn.Module, inputs: torch.Tensor, path: Path, re
     return entry
 
 
-def _check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -> None:
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise ValueError(f"meta lacks {missing}: the bundle needs them to preprocess images")
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise ValueError(f"unknown export formats {unknown}; known formats: {', '.join(FORMATS)}")
-    want = (meta["channels"], meta["image_size"], meta["image_size"])
-    if inputs.dtype != torch.float32 or inputs.dim() != 4 or tuple(inputs.shape[1:]) != want or inputs.shape[0] < 1:
-        raise ValueError(f"inputs must be a normalised float32 batch (N, {want[0]}, {want[1]}, {want[2]}), "
-                         f"got {inputs.dtype} {tuple(inputs.shape)}")
-
-
-def _report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], atol: float) -> dict[str, Any]:
-    c, s = int(meta["channels"]), int(meta["image_size"])
-    return {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "arch": meta.get("arch"),
-        "spec_hash": meta.get("spec_hash"),
-        "class_names": list(meta["class_names"]),
-        "input": {
-            "name": INPUT_NAME, "shape": ["batch", c, s, s], "dtype": "float32", "channels": c, "image_size": s,
-            "mean": list(meta["mean"]), "std": list(meta["std"]),
-            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, x = (pixel/255 - mean) / std "
-                          "per channel, NCHW float32",
-        },
-        "output": {"name": OUTPUT_NAME, "shape": ["batch", len(meta["class_names"])], "kind": "logits (softmax for probabilities)"},
-        "versions": _versions(meta.get("versions")),
-        "threads": torch.get_num_threads(),  # torch's intra-op threads; onnxruntime is given the same number
-        "requested_formats": list(formats),
-        "parity_samples": int(inputs.shape[0]),
-        "check_batches": sorted({*CHECK_BATCHES, int(inputs.shape[0])}),
-        "atol": atol,
-    }
-
-
-def _bundle_members(report: dict[str, Any]) -> list[str]:
-    """The verified model files, export.json, and predict.py when the ONNX file it runs is among them."""
-    files = [e["file"] for e in report["formats"].values() if e["ok"]]
-    return files + ["export.json"] + (["predict.py"] if "model.onnx" in files else [])
-
-
-def _write_bundle(out_dir: Path, members: list[str]) -> None:
-    with zipfile.ZipFile(out_dir / "bundle.zip", "w") as zf:
-        for name in members:
-            src = Path(__file__).with_name("export_predict.py") if name == "predict.py" else out_dir / name
-            # Float weights do not compress: deflating model files would only cost seconds per 100 MB.
-            zf.write(src, name, compress_type=zipfile.ZIP_STORED if name in FILES.values() else zipfile.ZIP_DEFLATED)
-
-
 def _export_all(model: nn.Module, inputs: torch.Tensor, out_dir: Path, report: dict[str, Any], atol: float,
                 opset: int | None, say: Callable[[str], None]) -> None:
     """Eager references and latency, then each requested format in turn (fills report in place)."""
-    props = _embedded(report)
+    props = embedded(report)
     refs = {n: model(_batch_of(inputs, n)).float() for n in report["check_batches"]}
     report["latency_ms"] = {"eager": _latency(model, inputs)}
     report["formats"] = {}
     program = _SharedProgram(model, inputs)
     for fmt in report["requested_formats"]:
         say(f"{fmt}: exporting and verifying")
-        entry = _export_one(fmt, model, inputs, out_dir / FILES[fmt], refs, atol, opset, props, program)
+        entry = _export_one(fmt, model, inputs, out_dir / EXPORT_FILES[fmt], refs, atol, opset, props, program)
         report["formats"][fmt] = entry
         if entry["ok"]:
             report["latency_ms"][fmt] = entry["latency_ms"]
@@ -396,15 +326,15 @@ def export_model(model: nn.Module, inputs: torch.Tensor, out_dir: Path, formats:
     failure is reported in the format's entry."""
     say = progress or (lambda _msg: None)
     formats = list(dict.fromkeys(formats))
-    _check_args(inputs, formats, meta)
+    check_args(inputs, formats, meta)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (*FILES.values(), "export.json", "bundle.zip"):  # a re-export must not ship old files
+    for stale in (*EXPORT_FILES.values(), *EXPORT_EXTRAS):  # a re-export must not ship old files
         (out_dir / stale).unlink(missing_ok=True)
-    report = _report_head(inputs, formats, meta, atol)
+    report = report_head(inputs, formats, meta, atol)
     was_training = model.training
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    # Exported on the CPU: files traced on a GPU would carry its device; eval() for S-E1 (BatchNorm, Dropout).
+    # Exported on the CPU: files traced on a GPU would carry its device; eval() so BatchNorm and Dropout behave as in inference.
     model.cpu().eval()
     try:
         with torch.no_grad():
@@ -412,8 +342,8 @@ def export_model(model: nn.Module, inputs: torch.Tensor, out_dir: Path, formats:
     finally:
         model.to(device).train(was_training)
     report["all_ok"] = all(e["ok"] for e in report["formats"].values())
-    report["bundle"] = {"file": "bundle.zip", "contents": _bundle_members(report)}
+    report["bundle"] = {"file": "bundle.zip", "contents": bundle_members(report)}
     (out_dir / "export.json").write_text(json.dumps(report, indent=2))
-    _write_bundle(out_dir, report["bundle"]["contents"])
+    write_bundle(out_dir, report["bundle"]["contents"])
     say(f"export done: {', '.join(f for f, e in report['formats'].items() if e['ok']) or 'no format'} verified")
     return report

@@ -14,7 +14,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 
-IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+from core.names import IMAGE_EXTENSIONS
+
+IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 GRAY_MODES = ("L", "1", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 ALPHA_MODES = ("RGBA", "LA", "PA", "P", "La", "RGBa")
 

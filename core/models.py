@@ -1,4 +1,4 @@
-"""Model registry and factory (S-M1…S-M6).
+"""Model registry and factory.
 
 `build_model(spec, num_classes, in_channels, image_size)` returns a `Classifier`:
 an input adapter (channel repeat / resize for small or grayscale inputs), a
@@ -23,7 +23,7 @@ from core.config import MODEL_NAMES, ModelSpec
 
 
 class SimpleCNN(nn.Module):
-    """The seeds' reference CNN (S-M2): two 3×3 convs with 2×2 pooling, fc→hidden→classes."""
+    """The reference small CNN (docs/practices.md): two 3×3 convs with 2×2 pooling, fc→hidden→classes."""
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int, widths: tuple[int, int], hidden: int, dropout: float):
         super().__init__()
@@ -87,7 +87,7 @@ class _KeepNormStats:
 
 
 class _Checkpointed(nn.Module):
-    """Runs a stage under activation checkpointing while training (S-T9).
+    """Runs a stage under activation checkpointing while training.
 
     Transparent to state_dict: keys are the wrapped stage's own (no ".inner."), so weights move
     freely between runs with and without checkpointing."""
@@ -236,7 +236,7 @@ def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int) -> nn
             "or set model.pretrained=false."
         ) from e
     old = net.get_submodule(entry.head_path)
-    _replace(net, entry.head_path, nn.Linear(old.in_features, num_classes))  # S-M4: head sized to the task
+    _replace(net, entry.head_path, nn.Linear(old.in_features, num_classes))  # head sized to the task
     return net
 
 
@@ -259,7 +259,7 @@ def _small_net(spec: ModelSpec, num_classes: int, in_channels: int, size: int) -
         raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
     if spec.name == "mlp":
         return MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout)
-    widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)  # S-M2: the seeds' two variants
+    widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)  # the two classic variants
     return SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
 
 

@@ -1,20 +1,83 @@
-"""Names that every package shares, defined once: metric key builders and the limits they keep.
+"""The names every package shares, defined once: run statuses, queues and the rule that picks one, task
+names, artifact kinds, export file names, metric keys and their builders, and the few values that go
+with them (the stale-heartbeat limit, the image file extensions, how a spec is hashed).
 
-Torch-free and importing nothing of ours, so the UI, the database layer and the workers can all
-use it. A metric key is born here when part of it comes from the user (a class name): whatever the
-name, the key fits the store (`MAX_METRIC_KEY` characters) and stays unique per name.
+Torch-free and importing nothing of ours, so the dashboard, the database layer, the workers and the
+training core all read the same names: a status renamed here is renamed everywhere.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
 
+# --- runs ---------------------------------------------------------------------------------------------
+RUN_STATUSES = ("queued", "running", "completed", "early_stopped", "cancelled", "failed", "diverged", "lost")
+# A run in one of these states is over: it is never claimed or finished again.
+FINISHED_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+# A worker may take a run in these states: new, or abandoned by a dead worker.
+CLAIMABLE_STATUSES = ("queued", "lost")
+SUCCESS_STATUSES = ("completed", "early_stopped")
+
+# --- queues and tasks ---------------------------------------------------------------------------------
+GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"
+RUN_QUEUES = (GPU_QUEUE, CPU_QUEUE)
+JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a small CPU-only worker per host
+RUN_TASK = "torchdeck.execute_run"
+PREFLIGHT_TASK = "torchdeck.preflight"
+EXPORT_TASK = "torchdeck.export"
+# A worker (or a run) whose heartbeat is older than this is gone; TORCHDECK_STALE_AFTER_S overrides it.
+STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"
+STALE_AFTER_S = 30.0
+
+
+def queue_for(device: str | None) -> str:
+    """The queue a run waits in: a CPU run never waits for a GPU worker; `auto` and `cuda` want a GPU."""
+    return CPU_QUEUE if device == "cpu" else GPU_QUEUE
+
+
+# --- artifacts and exports ----------------------------------------------------------------------------
+CHECKPOINT_BEST, CHECKPOINT_LAST = "checkpoint_best", "checkpoint_last"
+CHECKPOINT_KINDS = {"best": CHECKPOINT_BEST, "last": CHECKPOINT_LAST}
+CHECKPOINT_FILES = {"best": "best.pt", "last": "last.pt"}
+SAMPLE_GRID = "sample_grid"
+EXPORT_REPORT, BUNDLE = "export_report", "bundle"
+EXPORT_FORMATS = ("torchscript", "onnx", "pt2")
+EXPORT_FILES = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}  # format -> file name
+EXPORT_EXTRAS = {"export.json": EXPORT_REPORT, "bundle.zip": BUNDLE}  # file name -> artifact kind
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+# --- metric keys --------------------------------------------------------------------------------------
+TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"
+VAL_LOSS, VAL_ACC, VAL_ACC_TOP5 = "val/loss", "val/acc", "val/acc_top5"
+LR, GRAD_NORM, THROUGHPUT, DATA_WAIT = "lr", "grad_norm", "throughput", "data_wait"
+EPOCH_TIME, LR_EPOCH, PEAK_MEMORY, DATA_WAIT_EPOCH = "epoch_time_s", "lr_epoch", "mem/peak_mb", "data_wait_epoch"
+SYSTEM_PREFIX = "sys/"  # system metrics: their step is the Unix time in seconds
+SYS_CPU, SYS_HOST_CPU, SYS_RSS = "sys/cpu_percent", "sys/host_cpu_percent", "sys/rss_mb"
+GPU_PREFIX = "sys/gpu"
+GRAD_NORM_PREFIX, UPDATE_RATIO_PREFIX = "grad_norm/", "update_ratio/"
 # The longest metric key the store accepts (the metric tables' key column).
 MAX_METRIC_KEY = 200
 CLASS_ACC_PREFIX = "val/acc_class/"
 # The longest class name that appears in a per-class key unchanged; uploads refuse longer names.
 MAX_CLASS_NAME = MAX_METRIC_KEY - len(CLASS_ACC_PREFIX)
 _DIGEST = 10  # hex characters of the name's hash kept in a shortened key
+
+
+def gpu_key(index: int, what: str) -> str:
+    """`sys/gpu<index>_<what>`: what is util, mem_mb or temp_c."""
+    return f"{GPU_PREFIX}{index}_{what}"
+
+
+def grad_norm_key(stage: str) -> str:
+    return GRAD_NORM_PREFIX + stage
+
+
+def update_ratio_key(stage: str) -> str:
+    return UPDATE_RATIO_PREFIX + stage
 
 
 def class_acc_key(class_name: str) -> str:
@@ -29,3 +92,32 @@ def short_name(name: str, limit: int) -> str:
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
     return f"{name[: limit - _DIGEST - 1]}~{digest}"
+
+
+def is_loss(key: str) -> bool:
+    """Lower is better for a loss; higher for everything else the dashboard ranks (accuracies)."""
+    return "loss" in key
+
+
+# --- JSON -------------------------------------------------------------------------------------------
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or Infinity (Postgres refuses them too): write them as the strings "nan", "inf",
+    "-inf", which float() and pandas read back. Mapping keys become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """sha256 of a spec's canonical JSON, its name left out: the same recipe has the same hash whatever it
+    is called (the New run page, export.json and the database all show this one)."""
+    payload = {k: v for k, v in json_safe(spec).items() if k != "name"}
+    try:
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except TypeError as exc:
+        raise ValueError(f"run spec is not JSON-serializable: {exc}") from None
+    return hashlib.sha256(canonical.encode()).hexdigest()

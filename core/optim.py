@@ -19,7 +19,7 @@ from core.models import Classifier
 _NO_DECAY_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2d)
 
 
-# --- transfer learning (S-M5, S-M6) -------------------------------------------------------
+# --- transfer learning -------------------------------------------------------
 
 
 def apply_transfer(model: Classifier, spec: ModelSpec, epoch: int) -> list[str]:
@@ -56,7 +56,7 @@ def _split_decay(modules: list[nn.Module], params: list[nn.Parameter]) -> tuple[
 
 
 def build_optimizer(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> torch.optim.Optimizer:
-    """Head at optim.lr, backbone at optim.lr × backbone_lr_mult when transferring (S-M6);
+    """Head at optim.lr, backbone at optim.lr × backbone_lr_mult when transferring;
     no weight decay on norms and biases unless asked. All parameters are registered (frozen ones
     too) so progressive unfreezing needs no new optimizer."""
     head_ids = {id(p) for p in model.head_parameters()}
@@ -82,7 +82,7 @@ def build_optimizer(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> to
     return torch.optim.RMSprop(groups, lr=optim.lr, momentum=optim.momentum)
 
 
-# --- schedule (S-T5) -----------------------------------------------------------------------------
+# --- schedule -----------------------------------------------------------------------------
 
 
 def lr_factor(spec: ScheduleSpec, step: int, steps_per_epoch: int, total_steps: int, min_ratio: float = 0.0) -> float:
@@ -150,7 +150,7 @@ class Schedule:
         self._apply()
 
 
-# --- mixed precision + clipping (S-T6, S-T7) ------------------------------------------------------
+# --- mixed precision + clipping ------------------------------------------------------
 
 
 class AmpStep:
@@ -159,7 +159,7 @@ class AmpStep:
     def __init__(self, train: TrainSpec, device_type: str):
         self.device_type = device_type
         self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(train.precision)
-        # The scaler is not optional with fp16 (S-T7): small gradients underflow without it.
+        # The scaler is not optional with fp16: small gradients underflow without it.
         self.scaler = torch.amp.GradScaler(device_type, enabled=train.precision == "fp16")
         self.clip = train.grad_clip
 

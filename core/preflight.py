@@ -1,5 +1,5 @@
-"""Checks before the first step: output shape (S-M3), a labelled sample grid (S-D6),
-and optionally overfitting one batch (S-T13)."""
+"""Checks before the first step: output shape, a labelled sample grid,
+and optionally overfitting one batch."""
 
 from __future__ import annotations
 

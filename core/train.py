@@ -24,13 +24,13 @@ from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
 from core.config import RunSpec
 from core.data import DataInfo, Preprocess, load_data, make_batches
 from core.diagnosis import ADVICE, Diagnoser
-from core.engine import Diverged, Trainer, fit, prepare
+from core.engine import Diverged, Trainer, fit, prepare, steps_per_epoch
 from core.events import Control, NeverStop, Sink
 from core.models import build_model, count_parameters
+from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
 from core.preflight import check_shapes, overfit_one_batch, sample_grid
 
-FINAL_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
 
 
 def resolve_device(spec: RunSpec) -> torch.device:
@@ -45,7 +45,7 @@ def resolve_device(spec: RunSpec) -> torch.device:
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
-    """S-P3: Python, NumPy and torch seeds; deterministic algorithms when asked."""
+    """Python, NumPy and torch seeds; deterministic algorithms when asked."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -80,11 +80,12 @@ def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device
     train_b = make_batches(data.train, spec.train.batch_size, True, device, spec.seed, spec.loader)
     val_b = make_batches(data.val, max(spec.train.batch_size, 256), False, device, spec.seed, spec.loader)
     es = spec.train.early_stopping
-    t = Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=None, amp=AmpStep(spec.train, device.type),  # type: ignore[arg-type]
-                data=data, train_batches=train_b, val_batches=val_b, device=device, sink=sink, control=control,
-                diagnoser=Diagnoser(sink), early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out)
-    t.schedule = Schedule(optimizer, spec.schedule, t.steps_per_epoch, spec.train.epochs, es.resolved_mode)
-    return t
+    schedule = Schedule(optimizer, spec.schedule, steps_per_epoch(len(train_b), spec.train), spec.train.epochs,
+                        es.resolved_mode)
+    return Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=schedule,
+                   amp=AmpStep(spec.train, device.type), data=data, train_batches=train_b, val_batches=val_b,
+                   device=device, sink=sink, control=control, diagnoser=Diagnoser(sink),
+                   early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out)
 
 
 def _resume(t: Trainer, path: Path, sink: Sink) -> int:
@@ -109,7 +110,7 @@ def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
     sink.event("preflight", "info", f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
                {"code": "shape_check", **shapes}, step=0)
     grid = sample_grid(t.data, out / "samples.png")
-    sink.artifact("sample_grid", str(grid), {"labels": "class names under each image"})
+    sink.artifact(SAMPLE_GRID, str(grid), {"labels": "class names under each image"})
     if t.spec.train.overfit_check:
         r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
         if r["passed"]:
@@ -131,7 +132,7 @@ def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Contro
         device = resolve_device(spec)
         seed_everything(spec.seed, spec.deterministic)
         t = build_trainer(spec, out, sink, control, device)
-        last = out / "checkpoints" / "last.pt"
+        last = out / "checkpoints" / CHECKPOINT_FILES["last"]
         first_epoch = _resume(t, last, sink) if resume and last.is_file() else 1
         if first_epoch == 1:
             _preflight(t, out, sink)
@@ -161,7 +162,7 @@ def _diagnose_divergence(t: Trainer, e: Diverged) -> None:
 
 
 def _find_nan_source(t: Trainer) -> str | None:
-    """S-X6: replay one batch under anomaly detection (slow, so only after divergence)."""
+    """replay one batch under anomaly detection (slow, so only after divergence)."""
     x, y = next(iter(t.train_batches))
     x = prepare(t.pre_val, x)
     try:
@@ -183,8 +184,6 @@ def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str
     best = None
     if t is not None and t.early.best is not None:
         best = {"metric": spec.train.early_stopping.monitor, "value": t.early.best, "epoch": t.early.best_epoch}
-    if t is not None and spec.train.early_stopping.restore_best and (out / "checkpoints" / "best.pt").is_file() and status != "diverged":
-        t.model.load_state_dict(load_checkpoint(out / "checkpoints" / "best.pt", t.device)["model"])
     summary: dict[str, Any] = {
         "status": status, "best": best, "epochs_run": t.epoch if t else 0, "wall_time_s": round(wall, 3),
         "global_step": t.global_step if t else 0, "final": t.history[-1] if t and t.history else {}, "error": error,
@@ -192,16 +191,30 @@ def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str
     }
     if t is not None:
         summary["parameters"] = count_parameters(t.model)[0]
-        for kind in ("best", "last"):
-            p = out / "checkpoints" / f"{kind}.pt"
-            if p.is_file():
-                sink.artifact(f"checkpoint_{kind}", str(p), {"epoch": t.early.best_epoch if kind == "best" else t.epoch})
-    if t is not None and spec.export.formats and status in ("completed", "early_stopped"):
-        summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink, step=t.global_step)
+        epochs = {"best": t.early.best_epoch, "last": t.epoch}
+        for which, name in CHECKPOINT_FILES.items():
+            if (out / "checkpoints" / name).is_file():
+                sink.artifact(CHECKPOINT_KINDS[which], str(out / "checkpoints" / name), {"epoch": epochs[which]})
+        if spec.export.formats and status in SUCCESS_STATUSES:
+            epoch = _load_export_weights(t, spec, out)
+            summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink,
+                                               step=t.global_step, weights={"checkpoint": spec.export.checkpoint,
+                                                                            "epoch": epoch})
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     sink.event("lifecycle", "error" if status in ("failed", "diverged") else "info", f"run {status}"
                + (f": {error}" if error else ""), {"code": status, "summary": summary}, step=t and t.global_step)
     return summary
+
+
+def _load_export_weights(t: Trainer, spec: RunSpec, out: Path) -> int:
+    """Put the weights export.checkpoint names into the model; returns their epoch. `last` is what the loop
+    left in memory; `best` is best.pt (the last weights when no best.pt was saved)."""
+    best = out / "checkpoints" / CHECKPOINT_FILES["best"]
+    if spec.export.checkpoint == "best" and best.is_file():
+        ck = load_checkpoint(best, t.device)
+        t.model.load_state_dict(ck["model"])
+        return int(ck["epoch"])
+    return t.epoch
 
 
 def validation_inputs(info: DataInfo, val, n: int, device: torch.device) -> torch.Tensor:
@@ -211,27 +224,29 @@ def validation_inputs(info: DataInfo, val, n: int, device: torch.device) -> torc
     return Preprocess(info, None, device)(x.to(device))
 
 
-def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink, step: int | None = None) -> dict[str, Any]:
+def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink, step: int | None = None,
+                   weights: dict[str, Any] | None = None) -> dict[str, Any]:
     """Export + verify (core.export), registering each produced file as an artifact. `step`: the training
-    step the export belongs to (the end of the run), None for an export made later from a checkpoint."""
+    step the export belongs to (the end of the run), None for an export made later from a checkpoint;
+    `weights`: which checkpoint and epoch the model holds (recorded in export.json)."""
     from core.checkpoint import versions
     from core.export import export_model
 
     model = model.to("cpu").eval()
     inputs = validation_inputs(info, val, spec.export.parity_samples, torch.device("cpu"))
     meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size, "mean": info.mean,
-            "std": info.std, "spec_hash": spec.spec_hash(), "arch": spec.model.name, "versions": versions()}
+            "std": info.std, "spec_hash": spec.spec_hash(), "arch": spec.model.name, "versions": versions(),
+            "weights": weights or {}}
     sink.event("lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"}, step=step)
     report = export_model(model, inputs, out, list(spec.export.formats), meta, atol=spec.export.atol, opset=spec.export.opset)
-    files = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}
     for fmt in spec.export.formats:
         r = report.get("formats", {}).get(fmt, {})
-        if (out / files[fmt]).is_file():
-            sink.artifact(fmt, str(out / files[fmt]), r)
+        if (out / EXPORT_FILES[fmt]).is_file():
+            sink.artifact(fmt, str(out / EXPORT_FILES[fmt]), r)
         if not r.get("ok", False):
             sink.event("export", "warning", f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}",
                        {"code": "export_failed", "format": fmt}, step=step)
-    for name, kind in (("export.json", "export_report"), ("bundle.zip", "bundle")):
+    for name, kind in EXPORT_EXTRAS.items():
         if (out / name).is_file():
             sink.artifact(kind, str(out / name), {})
     return {fmt: bool(report.get("formats", {}).get(fmt, {}).get("ok")) for fmt in spec.export.formats}
@@ -242,7 +257,7 @@ def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str]
     from core.events import MemorySink
 
     run = Path(run_dir)
-    path = run / "checkpoints" / f"{checkpoint}.pt"
+    path = run / "checkpoints" / CHECKPOINT_FILES[checkpoint]
     if not path.is_file():
         raise FileNotFoundError(f"no {checkpoint} checkpoint in {run} (expected {path})")
     ck = load_checkpoint(path)
@@ -253,4 +268,5 @@ def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str]
     model = build_model(spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
                         data.info.num_classes, data.info.channels, data.info.image_size)
     model.load_state_dict(ck["model"])
-    return export_trained(model, data.info, data.val, spec, run / "export", sink or MemorySink())
+    return export_trained(model, data.info, data.val, spec, run / "export", sink or MemorySink(),
+                          weights={"checkpoint": checkpoint, "epoch": int(ck["epoch"])})

@@ -119,3 +119,11 @@ def _ordered(query: Any, sort: str, descending: bool) -> Any:
     ordering = column.desc() if descending else column.asc()
     # Same order on both backends: SQLite and Postgres disagree on where NULLs go.
     return query.order_by(ordering.nulls_last(), Run.id.desc() if descending else Run.id.asc())
+
+
+def owners_and_tags(engine: Engine) -> tuple[list[str], list[str]]:
+    """Every owner and every tag in use, sorted: the Runs page's filter choices."""
+    with connection_scope(engine) as conn:
+        owners = sorted(conn.execute(select(Run.owner).distinct()).scalars())
+        tags = sorted(conn.execute(select(RunTag.tag).distinct()).scalars())
+    return owners, tags

@@ -131,11 +131,16 @@ def add_artifact(
 
 
 def get_artifact(engine: Engine, artifact_id: str) -> ArtifactRecord:
+    return _get(engine, Artifact, artifact_id, ArtifactNotFound, _artifact)
+
+
+def _get(engine: Engine, model: type, key: str, missing: type[LookupError], record: Any) -> Any:
+    """The record of one row by primary key, or `missing(key)`."""
     with session_scope(engine, write=False) as session:
-        artifact = session.get(Artifact, artifact_id)
-        if artifact is None:
-            raise ArtifactNotFound(artifact_id)
-        return _artifact(artifact)
+        row = session.get(model, key)
+        if row is None:
+            raise missing(key)
+        return record(row)
 
 
 def list_artifacts(engine: Engine, run_id: str, kind: str | None = None) -> list[ArtifactRecord]:
@@ -252,11 +257,7 @@ def update_dataset(
 
 
 def get_dataset(engine: Engine, dataset_id: str) -> DatasetRecord:
-    with session_scope(engine, write=False) as session:
-        dataset = session.get(Dataset, dataset_id)
-        if dataset is None:
-            raise DatasetNotFound(dataset_id)
-        return _dataset(dataset)
+    return _get(engine, Dataset, dataset_id, DatasetNotFound, _dataset)
 
 
 def list_datasets(engine: Engine, status: str | None = None) -> list[DatasetRecord]:

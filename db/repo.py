@@ -13,7 +13,7 @@ from db.errors import (
     RunStillActive,
     SchemaOutOfDate,
 )
-from db.listing import list_runs
+from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem
 from db.records import (
     add_artifact,
@@ -45,7 +45,7 @@ from db.runs import (
     set_tags,
     stale_runs,
 )
-from db.series import compare, series
+from db.series import compare, epoch_anchors, iter_points, series
 from db.types import (
     ArtifactRecord,
     Comparison,
@@ -69,7 +69,8 @@ __all__ = [
     "SeriesPoint", "WorkerRecord",
     "create_run", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
     "finish_run", "stale_runs", "mark_lost", "mark_degraded", "unclaimed_runs", "delete_run", "list_runs",
-    "append_metrics", "metric_keys", "point_problem", "series", "compare",
+    "append_metrics", "metric_keys", "point_problem", "series", "compare", "epoch_anchors", "iter_points",
+    "owners_and_tags",
     "append_events", "event_problem", "list_events", "add_artifact", "get_artifact", "list_artifacts",
     "upsert_worker", "list_workers", "remove_worker",
     "create_dataset", "get_dataset", "list_datasets", "update_dataset", "delete_dataset",

@@ -7,8 +7,6 @@ UI) racing on the same run cannot both win, on either backend.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 
+from core.names import spec_hash
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, RunStillActive
 from db.metrics import IN_CHUNK, lock_run_for_append, summaries
@@ -45,13 +44,8 @@ def new_id() -> str:
 
 
 def spec_json(spec: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """The spec as stored, and its hash (of the canonical JSON: key order does not matter)."""
-    safe = json_safe(spec)
-    try:
-        canonical = json.dumps(safe, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except TypeError as exc:
-        raise ValueError(f"run spec is not JSON-serializable: {exc}") from None
-    return safe, hashlib.sha256(canonical.encode()).hexdigest()
+    """The spec as stored, and its hash (core.names.spec_hash: canonical JSON, the name left out)."""
+    return json_safe(spec), spec_hash(spec)
 
 
 def create_run(
@@ -64,7 +58,7 @@ def create_run(
     parent_id: str | None = None,
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data."""
-    stored_spec, spec_hash = spec_json(spec)
+    stored_spec, digest = spec_json(spec)
     run_id = new_id()
     name = run_id if name is None else name.strip()
     _check_text("name", name, NAME_LEN)
@@ -75,7 +69,7 @@ def create_run(
             raise RunNotFound(parent_id)
         session.add(Run(
             id=run_id, name=name, owner=owner, status="queued", spec=stored_spec,
-            spec_hash=spec_hash, created_at=utcnow(), attempt=0, summary={},
+            spec_hash=digest, created_at=utcnow(), attempt=0, summary={},
             parent_id=parent_id, cancel_requested=False,
         ))
         session.flush()  # the run row must exist before its tags reference it

@@ -5,13 +5,13 @@ Three ways, cheapest that is exact enough first:
 - up to RAW_DOWNSAMPLE_LIMIT points: one query over the raw points that keeps,
   per step bucket, the point with the smallest and the largest value;
 - longer: the rollup level with the finest buckets that still fit, about a
-  thousand rows however long the series (DESIGN.md, "Storage").
+  thousand rows however long the series.
 Every downsampled answer also holds the series' first and last points.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import BigInteger, Connection, Engine, func, literal_column, select, union_all
@@ -21,6 +21,7 @@ try:
 except ImportError:  # SQLAlchemy 2.0
     _pg_distinct_on = None
 
+from core.names import EPOCH_TIME, TRAIN_LOSS
 from db.engine import connection_scope
 from db.errors import RunNotFound
 from db.models import Metric, MetricRollup, Run
@@ -210,3 +211,27 @@ def compare(
             for run_id in run_ids
         }
     return Comparison(runs=tuple(runs[run_id] for run_id in run_ids), series=charts)
+
+
+def epoch_anchors(engine: Engine, run_id: str) -> list[tuple[int, int, float]]:
+    """(step, epoch, wall_time) at the end of each epoch, plus the first and last logged training step
+    (epoch 0: not an epoch end): enough to map steps onto epochs and seconds. Reads a few rows by primary key."""
+    m = Metric.__table__
+    base = select(m.c.step, m.c.epoch, m.c.wall_time).where(m.c.run_id == run_id)
+    with connection_scope(engine) as conn:
+        ends = list(conn.execute(base.where(m.c.key == EPOCH_TIME).order_by(m.c.step)))
+        first = conn.execute(base.where(m.c.key == TRAIN_LOSS).order_by(m.c.step).limit(1)).first()
+        last = conn.execute(base.where(m.c.key == TRAIN_LOSS).order_by(m.c.step.desc()).limit(1)).first()
+    # Training steps anchor time only (epoch 0 = "not an epoch end"); epoch ends win on a shared step.
+    rows = [(r[0], 0, r[2]) for r in (first, last) if r is not None] + [tuple(r) for r in ends]
+    return sorted({int(s): (int(s), int(e or 0), float(w)) for s, e, w in rows}.values())
+
+
+def iter_points(engine: Engine, run_id: str) -> Iterator[tuple[str, int, int | None, float, float]]:
+    """Every stored point of a run, by key then step: (key, step, epoch, value (NaN for NaN), wall_time)."""
+    m = Metric.__table__
+    query = (select(m.c.key, m.c.step, m.c.epoch, m.c.value, m.c.wall_time)
+             .where(m.c.run_id == run_id).order_by(m.c.key, m.c.step))
+    with connection_scope(engine) as conn:
+        for key, step, epoch, value, wall in conn.execute(query):
+            yield key, step, epoch, stored_float(value), wall

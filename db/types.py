@@ -11,22 +11,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from core.names import MAX_METRIC_KEY
-
-RUN_STATUSES = (
-    "queued",
-    "running",
-    "completed",
-    "early_stopped",
-    "cancelled",
-    "failed",
-    "diverged",
-    "lost",
+from core.names import (  # noqa: F401 - the statuses and json_safe are re-exported for db's modules
+    CLAIMABLE_STATUSES,
+    FINISHED_STATUSES,
+    MAX_METRIC_KEY,
+    RUN_STATUSES,
+    json_safe,
 )
-# A run in one of these states is over: it is never claimed or finished again.
-FINISHED_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
-# A worker may take a run in these states: new, or abandoned by a dead worker.
-CLAIMABLE_STATUSES = ("queued", "lost")
+
 EVENT_LEVELS = ("debug", "info", "warning", "error")
 DATASET_STATUSES = ("pending", "ready", "failed")
 
@@ -227,15 +219,3 @@ def stored_float(value: float | None) -> float:
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def json_safe(value: Any) -> Any:
-    """JSON has no NaN or Infinity (Postgres refuses them): write them as the
-    strings "nan", "inf", "-inf", which float() reads back."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value

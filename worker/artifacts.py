@@ -1,4 +1,4 @@
-"""A run's files and the artifact store (db.store).
+"""A run's files and the artifact store (db.artifacts).
 
 Training writes into a local run directory (`<run root>/runs/<id>/`). When the store is that same
 local folder nothing is copied. Otherwise (an S3 bucket, or a shared folder elsewhere) an
@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from db.store import ArtifactStore, BadKey, StoredObject, file_sha256
+from core.names import CHECKPOINT_FILES
+from db.artifacts import ArtifactStore, BadKey, StoredObject, file_sha256
 
 log = logging.getLogger("torchdeck.artifacts")
 
-CHECKPOINTS = ("last.pt", "best.pt")
+CHECKPOINTS = (CHECKPOINT_FILES["last"], CHECKPOINT_FILES["best"])
 UPLOAD_ATTEMPTS = 4
 
 

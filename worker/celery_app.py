@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from core.names import CPU_QUEUE
 from worker.settings import WorkerSettings
-
-RUN_TASK = "torchdeck.execute_run"
-QUEUES = ("gpu", "cpu")
 
 
 def make_app(settings: WorkerSettings | None = None) -> Celery:
@@ -35,7 +33,7 @@ def make_app(settings: WorkerSettings | None = None) -> Celery:
         broker_transport_options={"visibility_timeout": s.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
         # Runs are routed by resource: the spec's device decides (cpu → "cpu", otherwise "gpu").
-        task_default_queue="cpu",
+        task_default_queue=CPU_QUEUE,
         task_create_missing_queues=True,
         # A worker that loses Redis keeps retrying instead of exiting; the run's child is unaffected.
         broker_connection_max_retries=None,

@@ -4,7 +4,6 @@ database through the buffered sink, and records the run's end itself."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -12,18 +11,11 @@ import threading
 import time
 import traceback
 
+from core.names import CHECKPOINT_FILES, SYS_CPU, SYS_HOST_CPU, SYS_RSS, gpu_key
+from core.process import die_with_parent
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.child")
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when the worker that spawned it dies (kill -9 included), so an
-    orphan never keeps training unseen; the reaper then re-queues the run and it resumes."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
 
 
 class TermFlag:
@@ -100,8 +92,7 @@ def sample_system(proc) -> dict[str, float]:
             rss += p.memory_info().rss
         except psutil.Error:
             continue
-    values = {"sys/cpu_percent": proc.cpu_percent(None), "sys/rss_mb": rss / 2**20,
-              "sys/host_cpu_percent": psutil.cpu_percent(None)}
+    values = {SYS_CPU: proc.cpu_percent(None), SYS_RSS: rss / 2**20, SYS_HOST_CPU: psutil.cpu_percent(None)}
     values.update(gpu_metrics())
     return values
 
@@ -121,9 +112,9 @@ def gpu_metrics() -> dict[str, float]:
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        out[f"sys/gpu{n}_util"] = float(util.gpu)
-        out[f"sys/gpu{n}_mem_mb"] = mem.used / 2**20
-        out[f"sys/gpu{n}_temp_c"] = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+        out[gpu_key(n, "util")] = float(util.gpu)
+        out[gpu_key(n, "mem_mb")] = mem.used / 2**20
+        out[gpu_key(n, "temp_c")] = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
     return out
 
 
@@ -182,7 +173,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
     from core.train import run_training
     from db.engine import make_engine
     from db.repo import RunNotFound, finish_run, get_run
-    from db.store import StoreError
+    from db.artifacts import StoreError
     from worker.artifacts import fetch_checkpoints, localize_dataset
     from worker.sink import DbSink
 
@@ -214,7 +205,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
                 sink.event("lifecycle", "info", f"fetched {path.name} from {store.url} to resume",
                            {"code": "checkpoint_fetched"})
         spec = localize_dataset(spec, store, engine) if store is not None else spec
-        resume = (out / "checkpoints" / "last.pt").is_file()
+        resume = (out / "checkpoints" / CHECKPOINT_FILES["last"]).is_file()
         summary = run_training(spec, out, sink, RunControl(sink, term), resume=resume)
         status, error = summary["status"], summary.get("error")
     except Exception as e:  # noqa: BLE001 - recorded on the run, never lost in a log

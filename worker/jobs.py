@@ -1,19 +1,20 @@
-"""The dashboard's jobs that need torch, for a dashboard that has none (team mode: the app image has no
-torch, and a run's checkpoints may live only on a worker host or in the S3 store).
+"""The dashboard's jobs that need torch: the dashboard never imports torch (and the team image has none),
+and a run's checkpoints may live only on a worker host or in the S3 store.
 
 Two tasks on the `jobs` queue, served by one small CPU-only worker per host (`torchdeck worker` and
-`torchdeck up` start it beside the run workers, so a pre-flight never waits behind a long run):
+`torchdeck up` start it beside the run workers, so a pre-flight never waits behind a long run); each job
+runs in a fresh subprocess, so a crash or a leak never touches the worker:
 
 - `torchdeck.preflight(job_id, spec)`: builds the data and the model as a run would, checks the shapes
-  and draws the labelled sample grid (app/ui/preflight_job.py, in a fresh subprocess);
+  and draws the labelled sample grid (worker/preflight.py);
 - `torchdeck.export(job_id, run_id, formats, checkpoint)`: brings the run's checkpoint from the artifact
-  store when this host lacks it, runs `torchdeck export` in a fresh subprocess and registers the files
-  as the run's artifacts exactly as the dashboard does (app.ui.actions.register_exports).
+  store when this host lacks it, then exports, verifies and registers the files through the database
+  sink, as the end of a training run does (worker/export_job.py).
 
 There is no Celery result backend: a job answers through the artifact store, which the app reads too.
 `jobs/<job_id>/started.json` says a worker took the job; `jobs/<job_id>/result.json` (and, for a
-pre-flight, `samples.png` before it) is the answer. The app polls for them and deletes the folder; each
-job sweeps away answers older than an hour that nobody read (the app gave up or went away).
+pre-flight, `samples.png` before it) is the answer. The app (app/jobs.py) polls for them and deletes the
+folder; each job sweeps away answers older than an hour that nobody read (the app gave up or went away).
 """
 
 from __future__ import annotations
@@ -31,14 +32,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, EXPORT_TASK, PREFLIGHT_TASK
 from worker.celery_app import app
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.jobs")
 
-JOBS_QUEUE = "jobs"
-PREFLIGHT_TASK = "torchdeck.preflight"
-EXPORT_TASK = "torchdeck.export"
 PREFLIGHT_TIMEOUT_S = 300
 EXPORT_TIMEOUT_S = 900
 STALE_JOB_S = 3600.0  # an answer still in the store after this was abandoned
@@ -100,7 +99,7 @@ def cpu_spec(spec: Any) -> Any:
 
 
 def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[dict, bytes | None]:
-    """(result, sample grid PNG) of app/ui/preflight_job.py run in a fresh subprocess on this host."""
+    """(result, sample grid PNG) of worker/preflight.py run in a fresh subprocess on this host."""
     from core.config import RunSpec
     from worker.artifacts import localize_dataset
 
@@ -114,7 +113,7 @@ def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="torchdeck-job-preflight-") as tmp:
         spec_path, out = Path(tmp) / "spec.yaml", Path(tmp) / "out"
         spec_path.write_text(cpu_spec(spec).to_yaml())
-        cmd = [sys.executable, "-m", "app.ui.preflight_job", str(spec_path), str(out)]
+        cmd = [sys.executable, "-m", "worker.preflight", str(spec_path), str(out)]
         try:
             done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                                   env=_child_env())
@@ -147,41 +146,37 @@ def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S) -
 # --- export now -----------------------------------------------------------------------------------------
 
 
-def run_export(run_id: str, formats: list[str], checkpoint: str = "best", settings: WorkerSettings | None = None,
-               timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
-    """`torchdeck export` of the run's folder on this host (checkpoint fetched from the store when missing),
-    then the files registered as the run's artifacts. Returns {"ok", "output", "added"}."""
-    from core.config import EXPORT_FORMATS
+def run_export(run_id: str, formats: list[str], checkpoint: str = "best", job_id: str = "0" * 8,
+               settings: WorkerSettings | None = None, timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
+    """worker/export_job.py on the run's folder on this host (checkpoint fetched from the store when missing),
+    in a fresh subprocess. Returns {"ok", "output", "added"}."""
     from worker.artifacts import fetch_checkpoints, needs_upload
 
     s = settings or WorkerSettings()
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
-    if unknown or not formats or checkpoint not in ("best", "last"):
+    if unknown or not formats or checkpoint not in CHECKPOINT_FILES:
         return {"ok": False, "output": f"choose formats among {', '.join(EXPORT_FORMATS)} and checkpoint best or last"}
     store, folder = s.store(), s.run_dir(run_id)
     if needs_upload(store, folder):  # the store is not this host's folder: the run may have trained elsewhere
         fetch_checkpoints(store, run_id, folder)
-    if not (folder / "checkpoints" / f"{checkpoint}.pt").is_file():
+    if not (folder / "checkpoints" / CHECKPOINT_FILES[checkpoint]).is_file():
         return {"ok": False, "output": f"run {run_id} has no {checkpoint} checkpoint on {socket.gethostname()} nor in "
                                        f"the artifact store {store.url}"}
-    report_path = folder / "export" / "export.json"
-    report_path.unlink(missing_ok=True)  # never register an older export's report
-    cmd = [sys.executable, "-m", "app.cli", "export", str(folder), "--checkpoint", checkpoint,
-           "--formats", ",".join(formats)]
+    cmd = [sys.executable, "-m", "worker.export_job", run_id, checkpoint, ",".join(formats), job_id]
     try:
         done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                               env=_child_env())
     except subprocess.TimeoutExpired:
         return {"ok": False, "output": f"export did not finish within {timeout_s:.0f} s"}
-    output = (done.stdout + done.stderr).strip()
-    if not report_path.is_file():
-        return {"ok": False, "output": output or f"export failed with exit code {done.returncode}"}
-    # The dashboard's own registration: the same kinds, meta and store keys as a local export.
-    from app.ui.actions import register_exports
-    from worker.tasks import engine
-
-    added = register_exports(engine(), run_id, folder / "export", formats)
-    return {"ok": done.returncode == 0, "output": output, "added": added}
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"ok": False, "output": "export crashed: " + _tail(done)}
+    if answer.get("error"):
+        return {"ok": False, "output": answer["error"], "added": []}
+    verdicts = ", ".join(f"{fmt} {'verified' if ok else 'failed (see export.json)'}"
+                         for fmt, ok in answer["formats"].items())
+    return {"ok": bool(answer["ok"]), "output": f"{checkpoint} checkpoint: {verdicts}", "added": answer["added"]}
 
 
 @app.task(name=EXPORT_TASK, ignore_result=True)
@@ -190,7 +185,7 @@ def export(job_id: str, run_id: str, formats: list[str], checkpoint: str = "best
     store = WorkerSettings().store()
     _started(store, job_id)
     try:
-        result = run_export(run_id, formats, checkpoint, timeout_s=timeout_s)
+        result = run_export(run_id, formats, checkpoint, job_id, timeout_s=timeout_s)
     except Exception as e:  # the answer says what went wrong
         log.exception("export of run %s failed", run_id)
         result = {"ok": False, "output": f"{e.__class__.__name__}: {e}"}

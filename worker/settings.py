@@ -7,7 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from db.store import ArtifactStore, local_run_root, open_store
+from core.names import STALE_AFTER_S
+from db.artifacts import ArtifactStore, local_run_root, open_store
 
 
 class WorkerSettings(BaseSettings):
@@ -18,7 +19,7 @@ class WorkerSettings(BaseSettings):
         None, description="Artifact store URL: a folder (default $TORCHDECK_HOME/artifacts) or s3://bucket/prefix "
         "(endpoint from TORCHDECK_S3_ENDPOINT_URL, credentials from the AWS variables) shared by all hosts.")
     heartbeat_s: float = Field(2.0, gt=0, description="Run heartbeat period; ≤ 5 s so a cancel lands within seconds.")
-    stale_after_s: float = Field(30.0, gt=0, description="A running run whose heartbeat is older is lost (worker died).")
+    stale_after_s: float = Field(STALE_AFTER_S, gt=0, description="A running run whose heartbeat is older is lost (worker died).")
     reap_every_s: float = Field(10.0, gt=0, description="How often each worker looks for lost runs.")
     requeue_after_s: float = Field(120.0, gt=0, description="A lost run nobody claimed for this long is sent again "
                                    "(its first message may never have left a reaper that died).")

@@ -26,10 +26,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DataError, IntegrityError
 
 from db.repo import (
     EventInput,
@@ -44,28 +42,32 @@ from db.repo import (
     mark_degraded,
     point_problem,
 )
-from db.store import ArtifactStore, StoredObject, file_sha256
+from db.artifacts import ArtifactStore, StoredObject, file_sha256
 from db.types import EVENT_KEY_LEN, json_safe, utcnow
 from worker import spill
+from worker.refused import REFUSED, store_each
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.sink")
 
 BATCH_POINTS = 5000  # points per append_metrics call
-# What the store refuses because of the data itself (not because it is away): dropped, never retried.
-REFUSED = (ValueError, DataError, IntegrityError)
 Artifact = tuple[str, str, dict, StoredObject | None]
 
 
 class DbSink:
     """Buffered Sink + Control for one run. `close()` stores everything (retrying) before returning."""
 
-    def __init__(self, engine: Engine, run_id: str, worker_id: str, settings: WorkerSettings | None = None,
+    def __init__(self, engine: Engine, run_id: str, worker_id: str | None, settings: WorkerSettings | None = None,
                  store: ArtifactStore | None = None, run_dir: Path | None = None, attempt: int = 1,
-                 on_abandon: Callable[[str], None] | None = None):
+                 on_abandon: Callable[[str], None] | None = None, scope: str | None = None,
+                 on_artifact: Callable[[str], None] | None = None):
+        """`worker_id`: the worker that owns the run (its writes are guarded and it heartbeats); None for a job
+        on a run nobody executes (an export now): no heartbeat, no ownership. `scope` prefixes the keys of
+        events without a step (default `a<attempt>`); `on_artifact(kind)` is told of each artifact stored."""
         self.engine, self.run_id, self.worker_id, self.attempt = engine, run_id, worker_id, attempt
         self.s = settings or WorkerSettings()
-        self.on_abandon = on_abandon
+        self.on_abandon, self.on_artifact = on_abandon, on_artifact
+        self.scope = scope or f"a{attempt}"
         self._points: list[MetricPoint] = []
         self._events: list[EventInput] = []
         self._artifacts: list[Artifact] = []
@@ -93,8 +95,9 @@ class DbSink:
         self._flush_points, self._hard_cap = self.s.flush_points, 2 * self.s.sink_buffer_points
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._write_loop, name=f"db-sink-{run_id}", daemon=True),
-                         threading.Thread(target=self._beat_loop, name=f"db-beat-{run_id}", daemon=True)]
+        self._threads = [threading.Thread(target=self._write_loop, name=f"db-sink-{run_id}", daemon=True)]
+        if worker_id is not None:
+            self._threads.append(threading.Thread(target=self._beat_loop, name=f"db-beat-{run_id}", daemon=True))
         for t in self._threads:
             t.start()
 
@@ -124,7 +127,7 @@ class DbSink:
     def _event_key(self, kind: str, code: str | None, step: int | None) -> str:
         """`s<step>:kind:code:n` for an event of the training (the same in every attempt that replays the
         step), `a<attempt>:kind:code:n` for one of this attempt's start-up; n counts repeats."""
-        base = f"{'s%d' % step if step is not None else 'a%d' % self.attempt}:{kind}:{code or '-'}"
+        base = f"{'s%d' % step if step is not None else self.scope}:{kind}:{code or '-'}"
         with self._lock:
             n = self._keys[base]
             self._keys[base] += 1
@@ -232,7 +235,7 @@ class DbSink:
             points, self._points = self._points, []
         try:
             while events:  # events and artifact rows first: they never wait behind metric points
-                self._store(events[:1000], self._write_events, event_problem, self._refused_event)
+                store_each(events[:1000], self._write_events, event_problem, self._refused_event)
                 del events[:1000]
             while artifacts:
                 self._write_artifact(artifacts[0])
@@ -242,12 +245,12 @@ class DbSink:
                 self._degraded_pending = False
             self._replay_spill()
             while points:
-                self._store(points[:BATCH_POINTS], self._write_points, point_problem, self._refused_point)
+                store_each(points[:BATCH_POINTS], self._write_points, point_problem, self._refused_point)
                 del points[:BATCH_POINTS]
             with self._lock:  # the reports of what was refused just now go with this flush
                 events, self._events = self._events, []
             if events:
-                self._store(events, self._write_events, event_problem, self._refused_event)
+                store_each(events, self._write_events, event_problem, self._refused_event)
                 events = []
         except Exception:
             # Put back what was not stored, in order, ahead of anything newer. Re-storing what did get
@@ -266,38 +269,6 @@ class DbSink:
 
     def _write_events(self, events: Sequence[EventInput]) -> None:
         append_events(self.engine, self.run_id, events, worker_id=self.worker_id)
-
-    def _store(self, items: Sequence[Any], write: Callable[[Sequence[Any]], None],
-               problem: Callable[[Any], str | None], refused: Callable[[Any, str], None]) -> None:
-        """Write items; an item the store refuses is dropped alone and reported, the rest are written."""
-        try:
-            write(items)
-            return
-        except REFUSED:
-            pass
-        good = []
-        for item in items:  # the cheap checks first: they name the reason
-            why = problem(item)
-            if why:
-                refused(item, why)
-            else:
-                good.append(item)
-        self._store_halves(good, write, refused)
-
-    def _store_halves(self, items: Sequence[Any], write: Callable[[Sequence[Any]], None],
-                      refused: Callable[[Any, str], None]) -> None:
-        """What the database itself refuses: split until the refused items are found alone."""
-        if not items:
-            return
-        try:
-            write(items)
-        except REFUSED as e:
-            if len(items) == 1:
-                refused(items[0], f"{e.__class__.__name__}: {str(e).splitlines()[0][:300]}")
-                return
-            mid = len(items) // 2
-            self._store_halves(items[:mid], write, refused)
-            self._store_halves(items[mid:], write, refused)
 
     def _refused_point(self, point: MetricPoint, why: str) -> None:
         self.dropped += 1
@@ -321,10 +292,12 @@ class DbSink:
         try:
             if obj is not None:
                 add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
-                return
-            p = Path(path)
-            size, digest = file_sha256(p) if p.is_file() else (None, None)
-            add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest, meta=meta)
+            else:
+                p = Path(path)
+                size, digest = file_sha256(p) if p.is_file() else (None, None)
+                add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest, meta=meta)
+            if self.on_artifact is not None:
+                self.on_artifact(kind)
         except REFUSED as e:
             self.event("artifacts", "warning", f"artifact {kind!r} ({Path(path).name}) is not recorded: the store "
                        f"refused it ({e})", {"code": "artifact_refused", "kind": str(kind)[:32]})
@@ -360,9 +333,9 @@ class DbSink:
         for path in self.spill.files():
             points, events = spill.read(path)
             for i in range(0, len(events), 1000):
-                self._store(events[i:i + 1000], self._write_events, event_problem, self._refused_event)
+                store_each(events[i:i + 1000], self._write_events, event_problem, self._refused_event)
             for i in range(0, len(points), BATCH_POINTS):
-                self._store(points[i:i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
+                store_each(points[i:i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
             path.unlink()
             log.info("stored %d spilled points and %d events of run %s from %s", len(points), len(events),
                      self.run_id, path.name)

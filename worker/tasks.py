@@ -28,8 +28,9 @@ from db.repo import (
     unclaimed_runs,
     upsert_worker,
 )
+from core.names import RUN_QUEUES, RUN_TASK, gpu_key, queue_for
 from worker.broker import run_ids_in_broker
-from worker.celery_app import QUEUES, RUN_TASK, app
+from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, spare_main
 from worker.settings import WorkerSettings
 
@@ -44,10 +45,6 @@ def engine() -> Engine:
     if _engine is None:
         _engine = make_engine()
     return _engine
-
-
-def queue_for(spec: dict) -> str:
-    return "cpu" if spec.get("device") == "cpu" else "gpu"
 
 
 def describe_exit(code: int | None) -> str:
@@ -256,7 +253,7 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
 
 
 def send(run) -> None:
-    app.send_task(RUN_TASK, args=[run.id], queue=queue_for(dict(run.spec)))
+    app.send_task(RUN_TASK, args=[run.id], queue=queue_for(run.spec.get("device")))
 
 
 def resend_missing(s: WorkerSettings) -> list[str]:
@@ -265,7 +262,7 @@ def resend_missing(s: WorkerSettings) -> list[str]:
     waiting = unclaimed_runs(engine(), s.requeue_after_s)
     if not waiting:
         return []
-    present = run_ids_in_broker(app, QUEUES, RUN_TASK, delivered_within_s=s.requeue_after_s)
+    present = run_ids_in_broker(app, RUN_QUEUES, RUN_TASK, delivered_within_s=s.requeue_after_s)
     if present is None:  # the broker cannot be read now: try again next round
         return []
     sent = []
@@ -275,7 +272,7 @@ def resend_missing(s: WorkerSettings) -> list[str]:
         send(r)
         append_events(engine(), r.id, [EventInput(
             "lifecycle", "warning", f"the queue had no message for this {r.status} run (the broker restarted or a "
-            f"message was lost); sent it again to '{queue_for(dict(r.spec))}'", code="resent")])
+            f"message was lost); sent it again to '{queue_for(r.spec.get('device'))}'", code="resent")])
         sent.append(r.id)
     return sent
 
@@ -285,7 +282,7 @@ def _devices() -> list[dict]:
 
     gpus = gpu_metrics()
     n = len({k.split("_")[0] for k in gpus})
-    return [{"kind": "gpu", "index": i, "util": gpus.get(f"sys/gpu{i}_util"), "mem_mb": gpus.get(f"sys/gpu{i}_mem_mb")}
+    return [{"kind": "gpu", "index": i, "util": gpus.get(gpu_key(i, "util")), "mem_mb": gpus.get(gpu_key(i, "mem_mb"))}
             for i in range(n)] or [{"kind": "cpu", "cores": os.cpu_count()}]
 
 
@@ -337,7 +334,7 @@ def _on_ready(sender=None, **_: object) -> None:
     _forget_earlier_selves(node, WorkerSettings())
     _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
-    if sender is None or set(_state["queues"]) & set(QUEUES):  # a jobs-only worker (worker/jobs.py) runs no run
+    if sender is None or set(_state["queues"]) & set(RUN_QUEUES):  # a jobs-only worker (worker/jobs.py) runs no run
         _spare.fill()
 
 

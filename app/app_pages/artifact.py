@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import services
-from app.ui import fmt as f
+from app import fmt as f
 from app.ui import frame, queries
 from db.errors import ArtifactNotFound
 

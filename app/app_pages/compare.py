@@ -6,9 +6,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app.ui import compare_view as cv
-from app.ui import fmt as f
+from app import fmt as f
 from app.ui import frame, queries
-from app.ui.charts import X_MODES
+from core.names import SYSTEM_PREFIX
+from app.charts import X_MODES
 
 K = frame.page_state("cmp")
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
@@ -55,7 +56,7 @@ def curves(runs, ids: list[str]) -> None:
 
 
 def hyperparameters(runs) -> None:
-    metrics = sorted({k for r in runs for k in r.metrics if not k.startswith("sys/")})
+    metrics = sorted({k for r in runs for k in r.metrics if not k.startswith(SYSTEM_PREFIX)})
     default = "val/acc" if "val/acc" in metrics else (metrics[0] if metrics else None)
     if default is None:
         return

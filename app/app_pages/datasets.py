@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app.ui import charts, frame, queries
-from app.ui import datasets as ds
+from app import charts
+from app import datasets as ds
+from app.ui import frame, queries
 
 K = frame.page_state("ds")
 

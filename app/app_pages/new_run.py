@@ -8,8 +8,9 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth, services
-from app.ui import actions, frame, queries, run_view, spec_form
-from app.ui.schema import errors_by_field, validate
+from app import jobs
+from app.schema import errors_by_field, validate
+from app.ui import frame, queries, run_view, spec_form
 from core.config import RunSpec, SpecError
 
 K = frame.page_state("nr")
@@ -109,7 +110,7 @@ def launch(spec: RunSpec) -> None:
 
 def show_preflight(spec: RunSpec) -> None:
     with st.spinner("Pre-flight: building the data and the model in a separate process…"):
-        result = actions.preflight(spec)
+        result = jobs.preflight(spec)
     st.session_state[K("preflight")] = result
 
 
@@ -131,7 +132,7 @@ def preflight_panel() -> None:
                        f"{d['channels']}×{d['image_size']}×{d['image_size']}"
                        + (f" · model {m['name']}: {m['parameters']:,} parameters" if m else ""))
         if result.get("grid"):
-            st.image(result["grid"], caption="Training samples with their labels: check they match (S-D6)")
+            st.image(result["grid"], caption="Training samples with their labels: check they match")
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import auth, services
-from app.ui import actions, frame, queries, run_charts, run_view
-from app.ui import fmt as f
-from app.ui.charts import X_MODES
+from app import fmt as f
+from app.charts import X_MODES
+from app.ui import frame, queries, run_charts, run_view
 from app.ui.live_chart import live_charts
 
 K = frame.page_state("run")
@@ -58,7 +58,7 @@ def buttons(r) -> None:
         st.switch_page(frame.NEW, query_params={"clone": r.id})
     if "rerun" in cols and cols["rerun"].button("Re-run", icon=":material/replay:", key=K("rerun")):
         try:
-            new = actions.rerun(queries.engine(), r.id, owner=user.id)
+            new = services.rerun(r.id, owner=user.id, engine=queries.engine())
         except (RuntimeError, ValueError) as e:
             st.error(str(e))
         else:

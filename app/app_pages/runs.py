@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from app import auth, services
-from app.ui import actions, frame, queries
-from app.ui import fmt as f
+from app import fmt as f
+from app.ui import frame, queries
 from db.types import RUN_STATUSES, RunRecord
 
 K = frame.page_state("runs")
@@ -103,7 +103,7 @@ def action_bar(selected: list[RunRecord]) -> None:
 
 def rerun(selected: list[RunRecord]) -> None:
     try:
-        new = [actions.rerun(queries.engine(), r.id, owner=auth.current_user().id) for r in selected]
+        new = [services.rerun(r.id, owner=auth.current_user().id, engine=queries.engine()) for r in selected]
     except (RuntimeError, ValueError) as e:
         flash(str(e), "error")
     else:
@@ -122,7 +122,7 @@ def confirm_delete() -> None:
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
             user = auth.current_user()
-            refused = [msg for run_id in ids if (msg := actions.delete(queries.engine(), run_id, by=user))]
+            refused = [msg for run_id in ids if (msg := services.refused_removal(run_id, by=user, engine=queries.engine()))]
             st.session_state.pop(K("confirm"))
             queries.clear()
             flash(f"deleted {len(ids) - len(refused)} run(s)")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app.ui import fmt as f
+from app import fmt as f
 from app.ui import frame, queries
+from core.names import queue_for
 from db.types import RunRecord, WorkerRecord
 
 K = frame.page_state("workers")
@@ -42,7 +43,7 @@ def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
     seen: dict[str, int] = {}
     rows = []
     for r in queued:
-        queue = "cpu" if r.spec.get("device") == "cpu" else "gpu"
+        queue = queue_for(r.spec.get("device"))
         seen[queue] = seen.get(queue, 0) + 1
         rows.append({"position": seen[queue], "queue": queue, "run": r.name, "status": f.status_label(r.status),
                      "owner": r.owner, "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})

@@ -9,10 +9,12 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.ui import charts, queries
-from app.ui import fmt as f
+from app import charts
+from app import fmt as f
+from app.ui import queries
+from core.names import SYSTEM_PREFIX, is_loss
 from app.ui.run_charts import per_epoch
-from app.ui.schema import flatten
+from app.schema import flatten
 from db.types import RunRecord, Series
 
 
@@ -21,7 +23,7 @@ def best_value(r: RunRecord, key: str) -> float | None:
     s = r.metrics.get(key)
     if s is None:
         return None
-    return s.min_value if "loss" in key else s.max_value
+    return s.min_value if is_loss(key) else s.max_value
 
 
 def summary_table(runs: Sequence[RunRecord]) -> pd.DataFrame:
@@ -95,11 +97,11 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             if s is None or not s.steps:
                 continue
             x = [t - (r.started_at.timestamp() if r.started_at else s.steps[0]) for t in s.steps] \
-                if key.startswith("sys/") else mappers[r.id](s.steps)
+                if key.startswith(SYSTEM_PREFIX) else mappers[r.id](s.steps)
             traces.append(charts.Trace(label, x, s.values, markers=per_epoch(key),
                                        color=charts.PALETTE[i % len(charts.PALETTE)]))
         if traces:
-            x_title = charts.X_TITLES["time" if key.startswith("sys/") else xmode]
+            x_title = charts.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
             out.append((key, charts.line_figure(key, traces, x_title=x_title, smoothing=smoothing,
                                                 uirevision=f"compare:{key}:{xmode}", height=340)))
     return out

@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import services
 from app.ui import queries
+from core.names import CLAIMABLE_STATUSES
 from db.migrate import check_schema
 from db.repo import SchemaOutOfDate
 
@@ -19,7 +20,7 @@ WORKERS, DATASETS = "app_pages/workers.py", "app_pages/datasets.py"
 @st.cache_data(ttl=30, show_spinner=False)
 def _schema_problem(url: str) -> str | None:
     try:
-        check_schema(queries._engine(url))
+        check_schema(services.engine_for(url))
     except SchemaOutOfDate as e:
         return str(e)
     except Exception as e:  # noqa: BLE001 - an unreachable database is shown, not raised
@@ -40,8 +41,8 @@ def schema_ok() -> bool:
 def _active_counts(url: str) -> tuple[int, int]:
     from db.repo import list_runs
 
-    e = queries._engine(url)
-    return list_runs(e, status="running", limit=1).total, list_runs(e, status=["queued", "lost"], limit=1).total
+    e = services.engine_for(url)
+    return list_runs(e, status="running", limit=1).total, list_runs(e, status=list(CLAIMABLE_STATUSES), limit=1).total
 
 
 def sidebar() -> None:

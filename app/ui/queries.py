@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import streamlit as st
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
+from core.names import CLAIMABLE_STATUSES
 from db import repo
-from db.engine import connection_scope, database_url, make_engine
-from db.models import Metric, Run, RunTag
+from app.services import engine_for
+from db.engine import database_url
 from db.types import (
     DatasetRecord,
     EventRecord,
@@ -29,20 +30,14 @@ from db.types import (
 # A live view polls this often (seconds); a metric is visible within about this long after
 # its worker's sink flushed it. TORCHDECK_UI_REFRESH_S tunes it for slow shared machines.
 REFRESH_S = float(os.environ.get("TORCHDECK_UI_REFRESH_S", "1.0"))
-ACTIVE_STATUSES = ("queued", "running", "lost")
 
 
 def db_url() -> str:
     return database_url()
 
 
-@st.cache_resource(show_spinner=False)
-def _engine(url: str) -> Engine:
-    return make_engine(url)
-
-
 def engine() -> Engine:
-    return _engine(db_url())
+    return engine_for(db_url())
 
 
 def clear() -> None:
@@ -53,7 +48,7 @@ def clear() -> None:
 @st.cache_data(ttl=2, show_spinner=False)
 def _runs_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
                sort: str, descending: bool, limit: int, offset: int) -> RunPage:
-    return repo.list_runs(_engine(url), status=status or None, tag=tag or None, owner=owner, text=text,
+    return repo.list_runs(engine_for(url), status=status or None, tag=tag or None, owner=owner, text=text,
                           sort=sort, descending=descending, limit=limit, offset=offset)
 
 
@@ -65,10 +60,7 @@ def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str
 
 @st.cache_data(ttl=30, show_spinner=False)
 def _owners_and_tags(url: str) -> tuple[list[str], list[str]]:
-    with connection_scope(_engine(url)) as conn:
-        owners = sorted(conn.execute(select(Run.owner).distinct()).scalars())
-        tags = sorted(conn.execute(select(RunTag.tag).distinct()).scalars())
-    return owners, tags
+    return repo.owners_and_tags(engine_for(url))
 
 
 def owners_and_tags() -> tuple[list[str], list[str]]:
@@ -78,7 +70,7 @@ def owners_and_tags() -> tuple[list[str], list[str]]:
 @st.cache_data(ttl=2, show_spinner=False)
 def _run(url: str, run_id: str) -> RunRecord | None:
     try:
-        return repo.get_run(_engine(url), run_id)
+        return repo.get_run(engine_for(url), run_id)
     except repo.RunNotFound:
         return None
 
@@ -95,7 +87,7 @@ def run(run_id: str, fresh: bool = False) -> RunRecord | None:
 
 @st.cache_data(ttl=5, show_spinner=False)
 def _metric_keys(url: str, run_id: str, finished_at: Any) -> list[str]:
-    return repo.metric_keys(_engine(url), run_id)
+    return repo.metric_keys(engine_for(url), run_id)
 
 
 def metric_keys(r: RunRecord) -> list[str]:
@@ -106,7 +98,7 @@ def metric_keys(r: RunRecord) -> list[str]:
 
 @st.cache_data(ttl=600, show_spinner=False, max_entries=512)
 def _final_series(url: str, run_id: str, key: str, finished_at: Any, max_points: int) -> Series:
-    return repo.series(_engine(url), run_id, key, max_points=max_points)
+    return repo.series(engine_for(url), run_id, key, max_points=max_points)
 
 
 def final_series(r: RunRecord, key: str, max_points: int = 2000) -> Series:
@@ -116,7 +108,7 @@ def final_series(r: RunRecord, key: str, max_points: int = 2000) -> Series:
 
 @st.cache_data(ttl=10, show_spinner=False, max_entries=64)
 def _compare(url: str, run_ids: tuple[str, ...], keys: tuple[str, ...], max_points: int) -> repo.Comparison:
-    return repo.compare(_engine(url), list(run_ids), list(keys), max_points=max_points)
+    return repo.compare(engine_for(url), list(run_ids), list(keys), max_points=max_points)
 
 
 def compare(run_ids: Sequence[str], keys: Sequence[str], max_points: int = 1000) -> repo.Comparison:
@@ -127,7 +119,7 @@ def compare(run_ids: Sequence[str], keys: Sequence[str], max_points: int = 1000)
 def _union_keys(url: str, run_ids: tuple[str, ...]) -> list[str]:
     keys: set[str] = set()
     for run_id in run_ids:
-        keys.update(repo.metric_keys(_engine(url), run_id))
+        keys.update(repo.metric_keys(engine_for(url), run_id))
     return sorted(keys)
 
 
@@ -141,7 +133,7 @@ def events(run_id: str, after_id: int = 0, limit: int = 2000) -> list[EventRecor
 
 @st.cache_data(ttl=3, show_spinner=False)
 def _artifacts(url: str, run_id: str) -> list[repo.ArtifactRecord]:
-    return repo.list_artifacts(_engine(url), run_id)
+    return repo.list_artifacts(engine_for(url), run_id)
 
 
 def artifacts(run_id: str) -> list[repo.ArtifactRecord]:
@@ -150,7 +142,7 @@ def artifacts(run_id: str) -> list[repo.ArtifactRecord]:
 
 @st.cache_data(ttl=2, show_spinner=False)
 def _workers(url: str) -> list[WorkerRecord]:
-    return repo.list_workers(_engine(url))
+    return repo.list_workers(engine_for(url))
 
 
 def workers() -> list[WorkerRecord]:
@@ -159,7 +151,7 @@ def workers() -> list[WorkerRecord]:
 
 @st.cache_data(ttl=5, show_spinner=False)
 def _datasets(url: str) -> list[DatasetRecord]:
-    return repo.list_datasets(_engine(url))
+    return repo.list_datasets(engine_for(url))
 
 
 def datasets() -> list[DatasetRecord]:
@@ -168,37 +160,24 @@ def datasets() -> list[DatasetRecord]:
 
 def queued_runs(limit: int = 1000) -> list[RunRecord]:
     """Queued (and lost, waiting to be re-delivered) runs, oldest first: the order workers take them."""
-    page = repo.list_runs(engine(), status=["queued", "lost"], sort="created_at", descending=False, limit=limit)
+    page = repo.list_runs(engine(), status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False, limit=limit)
     return list(page.runs)
 
 
 def epoch_anchors(run_id: str) -> list[tuple[int, int, float]]:
-    """(step, epoch, wall_time) at the end of each epoch, plus the first and last logged training
-    step (epoch 0: not an epoch end): enough to map steps onto epochs and seconds. Reads a few
-    rows by primary key."""
-    m = Metric.__table__
-    base = select(m.c.step, m.c.epoch, m.c.wall_time).where(m.c.run_id == run_id)
-    with connection_scope(engine()) as conn:
-        ends = list(conn.execute(base.where(m.c.key == "epoch_time_s").order_by(m.c.step)))
-        first = conn.execute(base.where(m.c.key == "train/loss").order_by(m.c.step).limit(1)).first()
-        last = conn.execute(base.where(m.c.key == "train/loss").order_by(m.c.step.desc()).limit(1)).first()
-    # Training steps anchor time only (epoch 0 = "not an epoch end"); epoch ends win on a shared step.
-    rows = [(r[0], 0, r[2]) for r in (first, last) if r is not None] + [tuple(r) for r in ends]
-    return sorted({int(s): (int(s), int(e or 0), float(w)) for s, e, w in rows}.values())
+    """Step → epoch and wall-time anchors of a run (db.series.epoch_anchors): live, never cached."""
+    return repo.epoch_anchors(engine(), run_id)
 
 
 def metrics_csv(run_id: str) -> bytes:
-    """Every stored point of a run as CSV (key, step, epoch, value, wall_time): what pandas reads (S-P5)."""
+    """Every stored point of a run as CSV (key, step, epoch, value, wall_time): what pandas reads."""
     import csv
     import io
+    import math
 
-    m = Metric.__table__
-    query = (select(m.c.key, m.c.step, m.c.epoch, m.c.value, m.c.wall_time)
-             .where(m.c.run_id == run_id).order_by(m.c.key, m.c.step))
     buf = io.StringIO()
     out = csv.writer(buf)
     out.writerow(["key", "step", "epoch", "value", "wall_time"])
-    with connection_scope(engine()) as conn:
-        for key, step, epoch, value, wall in conn.execute(query):
-            out.writerow([key, step, "" if epoch is None else epoch, "nan" if value is None else repr(value), wall])
+    for key, step, epoch, value, wall in repo.iter_points(engine(), run_id):
+        out.writerow([key, step, "" if epoch is None else epoch, "nan" if math.isnan(value) else repr(value), wall])
     return buf.getvalue().encode()

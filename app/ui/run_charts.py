@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.ui import queries
-from app.ui.charts import X_TITLES, Trace, line_figure, step_mapper
+from core import names as n
+from app.charts import X_TITLES, Trace, line_figure, step_mapper
 from db import repo
 from db.types import RunRecord
 
@@ -33,20 +34,20 @@ class ChartSpec:
 
 
 CHARTS: tuple[ChartSpec, ...] = (
-    ChartSpec("Loss", ("train/loss", "train/epoch_loss", "val/loss")),
-    ChartSpec("Accuracy", ("train/acc", "val/acc", "val/acc_top5")),
-    ChartSpec("Learning rate", ("lr",), smooth=False),
-    ChartSpec("Gradient norm (total and per layer group)", ("grad_norm",), ("grad_norm/",), log_y=True),
-    ChartSpec("Update / parameter ratio per layer group", (), ("update_ratio/",), log_y=True),
-    ChartSpec("Throughput (samples/s)", ("throughput",)),
-    ChartSpec("Data wait (fraction of step time)", ("data_wait",)),
-    ChartSpec("Epoch time (s)", ("epoch_time_s",), smooth=False),
-    ChartSpec("Peak memory (MB)", ("mem/peak_mb",), smooth=False),
-    ChartSpec("System: CPU and GPU utilisation (%)", (), ("sys/cpu_percent", "sys/host_cpu_percent", "sys/gpu"),
+    ChartSpec("Loss", (n.TRAIN_LOSS, n.TRAIN_EPOCH_LOSS, n.VAL_LOSS)),
+    ChartSpec("Accuracy", (n.TRAIN_ACC, n.VAL_ACC, n.VAL_ACC_TOP5)),
+    ChartSpec("Learning rate", (n.LR,), smooth=False),
+    ChartSpec("Gradient norm (total and per layer group)", (n.GRAD_NORM,), (n.GRAD_NORM_PREFIX,), log_y=True),
+    ChartSpec("Update / parameter ratio per layer group", (), (n.UPDATE_RATIO_PREFIX,), log_y=True),
+    ChartSpec("Throughput (samples/s)", (n.THROUGHPUT,)),
+    ChartSpec("Data wait (fraction of step time)", (n.DATA_WAIT,)),
+    ChartSpec("Epoch time (s)", (n.EPOCH_TIME,), smooth=False),
+    ChartSpec("Peak memory (MB)", (n.PEAK_MEMORY,), smooth=False),
+    ChartSpec("System: CPU and GPU utilisation (%)", (), (n.SYS_CPU, n.SYS_HOST_CPU, n.GPU_PREFIX),
               system=True, smooth=False),
-    ChartSpec("System: memory (MB)", ("sys/rss_mb",), (), system=True, smooth=False),
+    ChartSpec("System: memory (MB)", (n.SYS_RSS,), (), system=True, smooth=False),
 )
-EPOCH_KEYS = ("train/epoch_loss", "train/acc", "val/", "epoch_time_s", "mem/peak_mb", "lr_epoch", "data_wait_epoch")
+EPOCH_KEYS = (n.TRAIN_EPOCH_LOSS, n.TRAIN_ACC, "val/", n.EPOCH_TIME, n.PEAK_MEMORY, n.LR_EPOCH, n.DATA_WAIT_EPOCH)
 MAX_POINTS = 2000  # a finished run's charts
 LIVE_POINTS = 1000  # a running run's, redrawn every refresh: half the work for the browser
 
@@ -60,7 +61,7 @@ def chart_keys(spec: ChartSpec, available: Sequence[str]) -> list[str]:
     if spec.title.startswith("System: CPU"):
         keys = [k for k in keys if k.endswith(("_percent", "_util"))]
     if spec.title.startswith("System: memory"):
-        keys += sorted(k for k in available if k.startswith("sys/gpu") and k.endswith("_mem_mb"))
+        keys += sorted(k for k in available if k.startswith(n.GPU_PREFIX) and k.endswith("_mem_mb"))
     return keys
 
 

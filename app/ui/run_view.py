@@ -7,16 +7,26 @@ import pandas as pd
 import streamlit as st
 
 from app import services
-from app.ui import actions, charts, frame, queries
-from app.ui import fmt as f
-from core.config import EXPORT_FORMATS, RunSpec
+from app import charts, jobs
+from app import fmt as f
+from app.ui import frame, queries
+from core.config import RunSpec
+from core.names import (
+    BUNDLE,
+    CHECKPOINT_BEST,
+    CHECKPOINT_LAST,
+    EXPORT_FORMATS,
+    EXPORT_REPORT,
+    SAMPLE_GRID,
+    SUCCESS_STATUSES,
+)
 from db.types import EventRecord, RunRecord
 
 ARTIFACT_LABELS = {
-    "checkpoint_best": "Best checkpoint (.pt)", "checkpoint_last": "Last checkpoint (.pt)",
+    CHECKPOINT_BEST: "Best checkpoint (.pt)", CHECKPOINT_LAST: "Last checkpoint (.pt)",
     "torchscript": "TorchScript (.ts)", "onnx": "ONNX (.onnx)", "pt2": "torch.export (.pt2)",
-    "bundle": "Bundle (.zip: model + preprocessing)", "export_report": "Export report (export.json)",
-    "sample_grid": "Sample grid (.png)",
+    BUNDLE: "Bundle (.zip: model + preprocessing)", EXPORT_REPORT: "Export report (export.json)",
+    SAMPLE_GRID: "Sample grid (.png)",
 }
 
 
@@ -114,7 +124,7 @@ def events_panel(events: list[EventRecord]) -> None:
 
 
 def samples_panel(r: RunRecord) -> None:
-    grids = [a for a in queries.artifacts(r.id) if a.kind == "sample_grid"]
+    grids = [a for a in queries.artifacts(r.id) if a.kind == SAMPLE_GRID]
     image = None
     if grids and services.artifact_problem(grids[-1]) is None:
         try:
@@ -124,7 +134,7 @@ def samples_panel(r: RunRecord) -> None:
     if image is None:
         st.caption("The labelled sample grid appears once the run has loaded its data (pre-flight).")
         return
-    st.image(image, caption="Training samples with their labels: a mismatch here is the most hidden bug (S-D6)")
+    st.image(image, caption="Training samples with their labels: a mismatch here is the most hidden bug")
 
 
 def spec_panel(r: RunRecord) -> None:
@@ -142,8 +152,8 @@ def _report_row(kind: str, meta: dict) -> dict:
 
 
 def artifacts_panel(r: RunRecord) -> None:
-    arts = actions.latest_by_kind(queries.artifacts(r.id))
-    rows = [a for kind, a in arts.items() if kind != "sample_grid"]
+    arts = services.latest_by_kind(queries.artifacts(r.id))
+    rows = [a for kind, a in arts.items() if kind != SAMPLE_GRID]
     if not rows:
         st.caption("No files yet: checkpoints appear after the first epoch, exports at the end.")
     for a in sorted(rows, key=lambda a: list(ARTIFACT_LABELS).index(a.kind) if a.kind in ARTIFACT_LABELS else 99):
@@ -170,9 +180,9 @@ def _reader(artifact_id: str):
 
 def export_panel(r: RunRecord) -> None:
     """'Export now' for a finished run: runs `torchdeck export` in a subprocess (torch stays out of the UI)."""
-    if r.status not in ("completed", "early_stopped", "cancelled"):
+    if r.status not in (*SUCCESS_STATUSES, "cancelled"):
         return
-    exported = [k for k in actions.latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
+    exported = [k for k in services.latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
     with st.form(f"run.export.{r.id}", border=True):
         st.markdown("**Export now** — (re)make verified exports from a checkpoint")
         a, b = st.columns([3, 1])
@@ -184,7 +194,7 @@ def export_panel(r: RunRecord) -> None:
     done_key = f"run.export_done.{r.id}"
     if go:
         with st.spinner("Exporting and verifying parity in a separate process…"):
-            st.session_state[done_key] = actions.export_now(queries.engine(), r.id, formats, ck)
+            st.session_state[done_key] = jobs.export_now(r.id, formats, ck)
         queries.clear()
         st.rerun()  # the list above shows the new files
     if done_key in st.session_state:

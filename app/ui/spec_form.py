@@ -11,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.ui.schema import FIELDS, GROUPS, FormField, flatten, set_path
+from app.schema import FIELDS, GROUPS, FormField, flatten, set_path
 
 PREFIX = "nr.f."
 _OPTBOOL = {"auto": None, "on": True, "off": False}

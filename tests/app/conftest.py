@@ -94,3 +94,32 @@ def page(home: Path) -> Callable[..., AppTest]:
     return open_page
 
 
+
+
+@pytest.fixture
+def jobs_worker(home: Path, broker) -> Iterator[subprocess.Popen]:
+    """A real jobs worker (what `torchdeck up` starts beside the run worker) on the test Redis, with this
+    test's database and artifact folder: the pages' pre-flight and Export now are asked of it by task name."""
+    import os
+
+    from db.repo import list_workers
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    log = open(home / "jobs-worker.log", "ab")  # noqa: SIM115 - kept open for the worker's life
+    cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", "jobs",
+           "-n", "jobs@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    engine = make_engine()
+    deadline = time.monotonic() + 120
+    while not list_workers(engine):
+        assert proc.poll() is None and time.monotonic() < deadline, (home / "jobs-worker.log").read_text()[-3000:]
+        time.sleep(0.2)
+    engine.dispose()
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()

@@ -12,7 +12,6 @@ from seeding import seed_run
 from streamlit.testing.v1 import AppTest
 
 from app import auth, services
-from app.ui import actions
 from db import repo
 
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
@@ -78,7 +77,7 @@ def test_service_refuses_cancel_and_delete_by_another_user(team, engine, home):
     assert repo.get_run(engine, queued.id).status == "queued"
     assert not repo.get_run(engine, running.id).cancel_requested
     assert repo.get_run(engine, done.id) and files.is_dir()
-    assert "may not delete" in actions.delete(engine, done.id, by=user(ANA))
+    assert "may not delete" in services.refused_removal(done.id, by=user(ANA), engine=engine)
 
 
 def test_owner_and_admin_may_cancel_and_delete(team, engine, home):

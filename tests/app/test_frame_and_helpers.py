@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.ui import charts, schema
+from app import charts, schema
 from core.config import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_sidebar_shows_activity_and_where_data_lives(page, engine):
 def test_pages_and_helpers_load_without_torch():
     code = ("import sys, runpy; sys.argv=['x'];"
             "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.compare_view,"
-            " app.ui.actions, app.ui.datasets, app.ui.frame;"
+            " app.ui.frame, app.jobs, app.datasets, app.services, app.charts, app.schema;"
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, "torch was imported by the dashboard: " + r.stderr[-2000:]

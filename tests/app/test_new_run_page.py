@@ -8,7 +8,7 @@ import json
 import pytest
 from seeding import error_beside, seed_run, widget
 
-from app.ui.schema import FIELDS
+from app.schema import FIELDS
 from core.config import RunSpec
 from db import repo
 
@@ -120,8 +120,8 @@ def test_clone_prefills_from_the_run_and_links_the_new_run_to_it(page, engine, b
     assert child.tags == ("sweep",)
 
 
-def test_preflight_runs_the_shape_check_and_shows_the_labelled_grid(page):
-    """Real pre-flight in a subprocess (torch stays out of the UI): digits data, the reference CNN."""
+def test_preflight_runs_the_shape_check_and_shows_the_labelled_grid(page, jobs_worker):
+    """Real pre-flight on a real jobs worker (torch stays out of the UI): digits data, the reference CNN."""
     at = page("new_run.py", timeout=240)
     at.number_input(key="nr.f.data.image_size").set_value(16)
     at.selectbox(key="nr.f.device").set_value("cpu")

@@ -11,7 +11,7 @@ import pytest
 import streamlit as st
 from seeding import plotly_figures, seed_evaluation, seed_run
 
-from app.ui import actions, run_charts
+from app.ui import run_charts
 from db import repo
 from db.types import MetricPoint
 
@@ -117,21 +117,6 @@ def test_artifacts_with_parity_latency_downloads_and_export_form(page, engine, h
     assert any("not on this machine" in c.value for c in at.caption)
     assert at.multiselect(key=f"run.export_fmt.{r.id}").value == ["onnx"]  # what the run exported before
     assert any(b.label == "Export now" for b in at.button)
-    assert actions.uri_path("file:///etc/passwd") is None
-
-
-def test_register_exports_adds_formats_report_and_bundle(engine, home):
-    r = seed_run(engine, "exp")
-    export = home / "artifacts" / "runs" / r.id / "export"
-    export.mkdir(parents=True)
-    (export / "model.onnx").write_bytes(b"m")
-    (export / "bundle.zip").write_bytes(b"z")
-    (export / "export.json").write_text(json.dumps({"formats": {
-        "onnx": {"ok": True, "parity": {"max_abs_diff": 1e-7}}, "pt2": {"ok": False, "error": "boom"}}}))
-    added = actions.register_exports(engine, r.id, export, ["onnx", "pt2"])
-    assert added == ["onnx", "export_report", "bundle"]
-    onnx = actions.latest_by_kind(repo.list_artifacts(engine, r.id))["onnx"]
-    assert onnx.meta["parity"]["max_abs_diff"] == 1e-7 and onnx.sha256 and onnx.size == 1
 
 
 def test_metrics_csv_holds_every_point(page, engine):

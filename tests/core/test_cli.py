@@ -40,7 +40,7 @@ def test_run_folder_layout_and_formats(digits_run):
     out, _ = digits_run
     for rel in ("spec.yaml", "metrics.jsonl", "events.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/best.pt", "samples.png"):
         assert (out / rel).is_file(), rel
-    metrics = pd.read_json(out / "metrics.jsonl", lines=True)  # S-P5: pandas reads it directly
+    metrics = pd.read_json(out / "metrics.jsonl", lines=True)  # pandas reads it directly
     assert list(metrics.columns) == ["step", "epoch", "time", "values"]
     assert metrics["step"].is_monotonic_increasing
     summary = json.loads((out / "summary.json").read_text())

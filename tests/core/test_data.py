@@ -1,5 +1,5 @@
 """Datasets, the seeded stratified split, train-only statistics and augmentation, the loaders,
-and every bad image folder a user can hand us (S-D1…S-D8). All data is real or made on the spot."""
+and every bad image folder a user can hand us. All data is real or made on the spot."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_mnist_offline_says_where_to_put_the_files(tmp_path):
     assert "data.download=true" in msg
 
 
-# --- split and statistics (S-D4) -----------------------------------------------------------------
+# --- split and statistics -----------------------------------------------------------------
 
 
 def test_split_is_seeded_stratified_and_disjoint():
@@ -164,7 +164,7 @@ def test_normalize_false_records_identity_statistics():
     assert info.mean == [0.0] and info.std == [1.0]
 
 
-# --- augmentation: training split only (S-D5) ------------------------------------------------------
+# --- augmentation: training split only ------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_preprocess_normalizes_with_the_recorded_statistics():
     assert torch.allclose(out.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-3)
 
 
-# --- loaders (S-D2, S-D3, S-D7, S-D8) ----------------------------------------------------------------
+# --- loaders ----------------------------------------------------------------
 
 
 def _indexed_split(n: int = 50) -> Split:
@@ -279,7 +279,7 @@ def test_lazy_imagefolder_loads_in_a_spawned_worker_like_in_process(tmp_path):
     b = load_data(_folder(root, cache_mb=0), seed=0)
     assert isinstance(b.train.images, LazyImages)  # too big for a 0 MB cache: decoded per item
     auto = make_batches(b.train, 3, True, CPU, 0, LoaderSpec())
-    assert isinstance(auto, HostBatches) and auto.num_workers >= 1  # S-D3: lazy data gets workers
+    assert isinstance(auto, HostBatches) and auto.num_workers >= 1  # lazy data gets workers
     in_proc = make_batches(b.train, 3, True, CPU, 0, LoaderSpec(num_workers=0))
     worker = make_batches(b.train, 3, True, CPU, 0, LoaderSpec(num_workers=1))
     ref, got = _epoch(in_proc, 1), _epoch(worker, 1)

@@ -1,4 +1,4 @@
-"""The troubleshooting table (S-X4) as events: each finding once, with a code and advice."""
+"""The troubleshooting table as events: each finding once, with a code and advice."""
 
 from __future__ import annotations
 

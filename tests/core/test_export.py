@@ -1,4 +1,4 @@
-"""Verified exports (issue 3, S-E1…S-E5): real exports of tiny models, reloaded and compared with eager.
+"""Verified exports : real exports of tiny models, reloaded and compared with eager.
 
 Every registered model family goes through all three exporters; the special cases are real models
 that break an exporter the way user models do: a branch on input data (untraceable, must be
@@ -24,7 +24,8 @@ from torch import nn
 from core import export as export_mod
 from core.config import DataSpec, ModelSpec, RunSpec
 from core.data import Preprocess, load_data
-from core.export import FORMATS, export_model
+from core.export import export_model
+from core.names import EXPORT_FORMATS as FORMATS
 from core.models import MODELS, build_model
 
 BIG = {"resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large"}  # slowest to export on CPU

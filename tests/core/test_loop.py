@@ -97,7 +97,7 @@ def test_amp_step_order_scale_backward_unscale_clip_step_update_zero(tmp_path, m
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
-    """S-T8: 2 micro-batches of 8 with accumulate=2 give the same update as one batch of 16."""
+    """2 micro-batches of 8 with accumulate=2 give the same update as one batch of 16."""
     states = []
     for bs, acc in ((16, 1), (8, 2)):
         spec = tiny(f"train.batch_size={bs}", f"train.accumulate={acc}", "train.steps_per_epoch=1", "optim.name=sgd",
@@ -138,7 +138,7 @@ def _stop_after_epoch(k: int, sink: MemorySink, flag: StopFlag):
 
 
 def test_resume_after_epoch_k_matches_uninterrupted_run(tmp_path):
-    """S-P1/S-P3: model, optimizer, schedule, early stopping, RNG (dropout, augmentation) all resume exactly."""
+    """model, optimizer, schedule, early stopping, RNG (dropout, augmentation) all resume exactly."""
     over = ("train.epochs=4", "model.dropout=0.3", "data.augment.hflip=true", "data.augment.random_crop=true",
             "schedule.name=cosine", "optim.name=adamw", "optim.weight_decay=0.01")
     full = MemorySink()
@@ -282,3 +282,37 @@ def test_plateau_schedule_decays_when_the_monitor_stalls():
         sched.step_batch()
         sched.step_epoch(value)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("checkpoint, epoch", [("best", 3), ("last", 6)])
+def test_the_end_of_run_export_holds_the_weights_export_checkpoint_names(tmp_path, checkpoint, epoch):
+    """A run whose best validation epoch (3) is not its last (6): export.checkpoint decides which weights
+    the exported files hold, and export.json says which."""
+    import json
+    import warnings
+
+    spec = tiny("train.epochs=6", "optim.name=sgd", "optim.lr=0.5", "data.noise=2.0", "train.early_stopping.patience=10",
+                "export.formats=[torchscript]", f"export.checkpoint={checkpoint}")
+    summary = run_training(spec, tmp_path, MemorySink())
+    assert summary["status"] == "completed" and summary["best"]["epoch"] == 3 and summary["epochs_run"] == 6
+    report = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert report["weights"] == {"checkpoint": checkpoint, "epoch": epoch}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = list(torch.jit.load(tmp_path / "export" / "model.ts").state_dict().values())
+    wanted = load_checkpoint(tmp_path / "checkpoints" / f"{checkpoint}.pt")["model"]
+    other = load_checkpoint(tmp_path / "checkpoints" / f"{'last' if checkpoint == 'best' else 'best'}.pt")["model"]
+    assert _all_in(wanted, exported) and not _all_in(other, exported)
+
+
+def _all_in(weights: dict, exported: list) -> bool:
+    """Every floating-point tensor of a state_dict appears, equal, among the exported module's tensors."""
+    return all(any(v.shape == e.shape and torch.equal(v, e) for e in exported)
+               for v in weights.values() if v.is_floating_point())
+
+
+def test_specs_that_said_restore_best_false_now_say_export_checkpoint_last():
+    old = {**TINY, "train": {**TINY["train"], "early_stopping": {"restore_best": False}}}
+    assert RunSpec.model_validate(old).export.checkpoint == "last"
+    kept = {**TINY, "train": {**TINY["train"], "early_stopping": {"restore_best": True}}}
+    assert RunSpec.model_validate(kept).export.checkpoint == "best"

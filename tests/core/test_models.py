@@ -1,5 +1,5 @@
 """The model registry, pretrained and user weights, transfer modes, the optimizer's parameter
-groups and gradient checkpointing (S-M1…S-M6, S-T9). Real torchvision models on tiny inputs;
+groups and gradient checkpointing. Real torchvision models on tiny inputs;
 pretrained weights are planted where torchvision's weights API looks, never downloaded."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _trainable(model: nn.Module) -> set[str]:
     return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-# --- registry, shapes, forward/backward (S-M1, S-M2, S-M3) ----------------------------------------
+# --- registry, shapes, forward/backward ----------------------------------------
 
 
 def test_registry_offers_exactly_the_configured_models():
@@ -45,7 +45,7 @@ def test_every_model_trains_on_tiny_grayscale_and_rgb_inputs(name):
         for n, p in model.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all(), f"{name}: no usable gradient for {n}"
         head = model.net.get_submodule(model.head_path)
-        assert isinstance(head, nn.Linear) and head.out_features == 3  # S-M4: head sized to the task
+        assert isinstance(head, nn.Linear) and head.out_features == 3  # head sized to the task
         if dropout:
             assert any(isinstance(m, nn.Dropout) and m.p == dropout for m in model.modules()), "model.dropout ignored"
 
@@ -66,7 +66,7 @@ def test_simple_cnns_are_the_seed_architectures(name, widths):
     assert all(c.padding == (1, 1) for c in convs) and [p.kernel_size for p in pools] == [2, 2]
 
 
-# --- torchvision pretrained weights (S-M4) ----------------------------------------------------------
+# --- torchvision pretrained weights ----------------------------------------------------------
 
 
 @pytest.fixture
@@ -169,7 +169,7 @@ def test_non_weight_files_are_refused_without_running_their_code(tmp_path):
         _build("mlp", size=8, weights_file=str(tmp_path / "absent.pt"))
 
 
-# --- transfer learning (S-M5, S-M6) ------------------------------------------------------------------
+# --- transfer learning ------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def test_optimizer_groups_backbone_lr_and_no_decay_on_norms_and_biases(resnet):
     assert {g["lr"] for g in scratch.param_groups} == {lr}  # no transfer: one learning rate
 
 
-# --- gradient checkpointing (S-T9) --------------------------------------------------------------------
+# --- gradient checkpointing --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, stage", [("simple_cnn", "conv2"), ("resnet18", "layer2")])

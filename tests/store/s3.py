@@ -30,7 +30,7 @@ class MotoS3:
     server: object = field(repr=False)
 
     def env(self) -> dict[str, str]:
-        """The variables a torchdeck process needs to use this endpoint (db.store reads them)."""
+        """The variables a torchdeck process needs to use this endpoint (db.artifacts reads them)."""
         return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION,
                 "AWS_REGION": REGION, "TORCHDECK_S3_ENDPOINT_URL": self.endpoint_url}
 

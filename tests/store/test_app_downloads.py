@@ -50,8 +50,6 @@ def _run_with_onnx(engine, data: bytes = b"\x08onnx-bytes" * 1000):
 def test_download_by_artifact_id(env):
     _, art, data = _run_with_onnx(env)
     assert services.read_artifact(art.id, engine=env) == data
-    record, chunks = services.iter_artifact(art.id, engine=env, chunk_size=4096)
-    assert record.id == art.id and b"".join(chunks) == data
     record, f = services.open_artifact(art.id, engine=env)
     with f:
         assert f.read(5) == data[:5]
@@ -129,7 +127,7 @@ def _imagefolder_zip() -> io.BytesIO:
 
 
 def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypatch):
-    from app.ui import datasets as ds
+    from app import datasets as ds
     from worker.artifacts import dataset_key, localize_dataset
 
     data = _imagefolder_zip()
@@ -153,18 +151,28 @@ def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypa
     assert not store.exists(dataset_key("pets"))
 
 
-def test_registered_exports_are_uploaded(env, tmp_path):
-    """'Export now' on the app host registers its files through the store too."""
-    import json
+def test_export_now_registers_its_files_through_the_store(env, tmp_path):
+    """The jobs worker's export (worker/export_job.py) registers each verified file as the training run does:
+    through the sink, into the artifact store (local folder or bucket), downloadable by artifact id."""
+    from core.events import MemorySink
+    from core.train import run_training
+    from worker.export_job import export
+    from worker.settings import WorkerSettings
 
-    from app.ui.actions import register_exports
-
-    run = create_run(env, RunSpec().model_dump(mode="json"))
-    export = services.artifact_root() / "runs" / run.id / "export"
-    export.mkdir(parents=True)
-    (export / "model.onnx").write_bytes(b"onnx!")
-    (export / "export.json").write_text(json.dumps({"formats": {"onnx": {"ok": True}}}))
-    assert register_exports(env, run.id, export, ["onnx"]) == ["onnx", "export_report"]
+    spec = RunSpec.from_dict({"data": {"name": "synthetic", "num_classes": 3, "num_samples": 120, "size": 8,
+                                       "channels": 1}, "model": {"name": "simple_cnn", "hidden": 8},
+                              "train": {"epochs": 1, "batch_size": 32}, "export": {"formats": []}, "device": "cpu"})
+    run = create_run(env, spec.model_dump(mode="json"))
+    assert run_training(spec, WorkerSettings().run_dir(run.id), MemorySink())["status"] == "completed"
+    finish_run(env, run.id, "completed")
+    result = export(run.id, "best", ["onnx"], "abcdef12")
+    assert result["ok"] and result["added"] == ["onnx", "export_report", "bundle"], result
     arts = {a.kind: a for a in list_artifacts(env, run.id)}
-    assert services.read_artifact(arts["onnx"].id, engine=env) == b"onnx!"
+    data = services.read_artifact(arts["onnx"].id, engine=env)
+    import hashlib
+
+    import onnx
+
+    assert hashlib.sha256(data).hexdigest() == arts["onnx"].sha256 and onnx.load_model_from_string(data).graph.input
     assert services.artifact_store().key_of(arts["onnx"].uri) == f"runs/{run.id}/export/model.onnx"
+    assert arts["onnx"].meta["parity"]["passed"] is True

@@ -107,7 +107,7 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
 
 
 def test_fetch_checkpoints_prefers_the_newer_copy(tmp_path, s3_artifacts):
-    from db.store import open_store
+    from db.artifacts import open_store
     from worker.artifacts import fetch_checkpoints
 
     store = open_store(s3_artifacts.url)

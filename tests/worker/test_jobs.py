@@ -1,5 +1,5 @@
-"""The dashboard's torch jobs on the `jobs` queue (worker/jobs.py), as team mode runs them: the app forced onto
-the remote path (TORCHDECK_JOBS=remote, as an app image without torch would choose), `torchdeck worker --queues cpu`
+"""The dashboard's torch jobs on the `jobs` queue (worker/jobs.py), as team mode runs them: the app asks by task
+name (app/jobs.py), `torchdeck worker --queues cpu`
 (a run worker plus its host's jobs worker) against a real Redis, the app and the workers with their own
 TORCHDECK_HOME and one shared artifact folder (the compose file's `artifacts` volume), SQLite shared."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app import services
-from app.ui import actions
+from app import jobs
 from core.config import RunSpec
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -52,7 +52,7 @@ def team(tmp_path_factory, redis_server):
     proc = subprocess.Popen([TORCHDECK, "worker", "--queues", "cpu"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in {**shared, "TORCHDECK_HOME": str(root / "app-home"), actions.JOBS_ENV: "remote"}.items():
+        for k, v in {**shared, "TORCHDECK_HOME": str(root / "app-home")}.items():
             mp.setenv(k, v)
         engine = make_engine(url)
         try:
@@ -84,7 +84,7 @@ def test_worker_command_starts_the_hosts_jobs_worker(team):
 
 def test_preflight_on_the_jobs_worker_returns_shapes_and_the_grid(team):
     spec = RunSpec.model_validate({**TINY, "device": "auto"})
-    result = actions.preflight(spec, timeout_s=120)
+    result = jobs.preflight(spec, timeout_s=120)
     assert result["ok"], (result, _logs(team["root"]))
     assert result["shapes"] and "[10]" in str(result["shapes"])
     assert result["data"]["name"] == "digits" and result["model"]["parameters"] > 0
@@ -100,9 +100,9 @@ def test_export_now_on_the_jobs_worker_registers_a_verified_onnx(team):
         time.sleep(0.3)
     assert run.status == "completed", run.error
     assert not [a for a in list_artifacts(engine, run_id) if a.kind == "onnx"]
-    ok, output = actions.export_now(engine, run_id, ["onnx"])
-    assert ok, (output, _logs(team["root"]))
-    onnx = actions.latest_by_kind(list_artifacts(engine, run_id))["onnx"]
+    ok, output = jobs.export_now(run_id, ["onnx"])
+    assert ok and "onnx verified" in output, (output, _logs(team["root"]))
+    onnx = services.latest_by_kind(list_artifacts(engine, run_id))["onnx"]
     assert onnx.meta.get("ok") is True and onnx.meta.get("parity")
     data = services.read_artifact(onnx.id, engine)  # by its opaque id, as the download button does
     assert len(data) == onnx.size and hashlib.sha256(data).hexdigest() == onnx.sha256
@@ -119,35 +119,20 @@ def test_no_jobs_worker_gives_a_clear_error(tmp_path, redis_server, monkeypatch)
     upgrade(url)
     redis.Redis(port=redis_server.port, db=0).flushdb()
     for k, v in {"TORCHDECK_DATABASE_URL": url, "TORCHDECK_BROKER_URL": redis_server.url(0),
-                 "TORCHDECK_HOME": str(tmp_path / "home"), actions.JOBS_ENV: "remote",
-                 actions.JOBS_PICKUP_ENV: "1.5"}.items():
+                 "TORCHDECK_HOME": str(tmp_path / "home"), jobs.PICKUP_ENV: "1.5"}.items():
         monkeypatch.setenv(k, v)
     t0 = time.monotonic()
-    result = actions.preflight(RunSpec.model_validate(TINY), timeout_s=30)
+    result = jobs.preflight(RunSpec.model_validate(TINY), timeout_s=30)
     assert not result["ok"] and "no worker is serving the jobs queue" in result["error"]
     assert "torchdeck worker" in result["error"]
-    ok, output = actions.export_now(make_engine(url), "no-such-run", ["onnx"])
+    ok, output = jobs.export_now("no-such-run", ["onnx"])
     assert not ok and "no worker is serving the jobs queue" in output
     assert time.monotonic() - t0 < 30  # the pickup limit ended the wait, not the 30 s job timeout
     redis.Redis(port=redis_server.port, db=0).flushdb()
 
 
-def test_auto_chooses_the_jobs_path_only_without_torch_or_the_runs_files(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path))
-    monkeypatch.delenv(actions.JOBS_ENV, raising=False)
-    monkeypatch.setattr(actions, "_preflight_remote", lambda spec, timeout_s: {"path": "remote"})
-    monkeypatch.setattr(actions, "_export_remote", lambda run_id, formats, ck: (True, "remote"))
-    monkeypatch.setattr(actions, "run_dir", lambda engine, run_id: None)  # the run's files are not here
-    assert actions.torch_here()  # this venv has torch: found by its spec, never imported here
-    assert actions.export_now(None, "r1", ["onnx"]) == (True, "remote")
-    monkeypatch.setattr(actions, "torch_here", lambda: False)  # the app image of team mode
-    assert actions.preflight(RunSpec.model_validate(TINY)) == {"path": "remote"}
-    monkeypatch.setenv(actions.JOBS_ENV, "local")
-    assert actions.export_now(None, "r1", ["onnx"]) == (False, "this run has no checkpoint on this machine to export from")
-
-
 def test_old_unread_answers_are_swept(tmp_path):
-    from db.store import open_store
+    from db.artifacts import open_store
     from worker.jobs import sweep
 
     store = open_store(str(tmp_path / "store"))

@@ -16,7 +16,8 @@ from db.repo import claim_run, create_run, get_run, list_events, mark_lost
 from db.types import utcnow
 from worker import tasks
 from worker.broker import run_ids_in_broker
-from worker.celery_app import RUN_TASK, make_app
+from core.names import RUN_TASK
+from worker.celery_app import make_app
 from worker.settings import WorkerSettings
 
 

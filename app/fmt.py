@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
 
 from db.types import RunRecord
 
@@ -74,18 +73,6 @@ def size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
-
-
-def number(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if not math.isfinite(f):
-        return str(f)
-    return f"{f:.{digits}g}"
 
 
 def best(r: RunRecord) -> tuple[str, float | None]:

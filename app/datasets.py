@@ -22,11 +22,10 @@ from typing import IO
 
 from sqlalchemy import Engine
 
-from core.names import MAX_CLASS_NAME
+from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME
 from db import repo
 from db.engine import data_home
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MAX_UPLOAD_MB = int(os.environ.get("TORCHDECK_MAX_UPLOAD_MB", "200"))
 MAX_UNPACKED_MB = int(os.environ.get("TORCHDECK_MAX_UNPACKED_MB", "2048"))
 MAX_FILES = 200_000

@@ -1,9 +1,9 @@
-"""Pre-flight in its own process: `python -m app.ui.preflight_job SPEC.yaml OUT_DIR`.
+"""Pre-flight in its own process: `python -m worker.preflight SPEC.yaml OUT_DIR`, run by the jobs worker
+(worker/jobs.py) for the New run page, which never imports torch.
 
-The dashboard never imports torch (it would double its start-up time and memory), so the New
-run page runs this module as a subprocess. It builds the data and the model exactly as a run
-would, checks that a real batch gives (batch, classes) logits (S-M3), draws the labelled sample
-grid (S-D6), and writes OUT_DIR/result.json (+ samples.png). Exit code 0 when the check passed."""
+It builds the data and the model exactly as a run would, checks that a real batch gives (batch, classes)
+logits, draws the labelled sample grid, and writes OUT_DIR/result.json (+ samples.png). Exit code 0 when
+the check passed."""
 
 from __future__ import annotations
 
