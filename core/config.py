@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core import bounded_yaml
 from core.names import EXPORT_FORMATS, is_loss, queue_for, spec_hash
 
 # Closed registries. The form offers exactly these names; core/data.py and
@@ -32,6 +33,7 @@ MODEL_NAMES: tuple[str, ...] = (
     "convnext_tiny",
 )
 
+MAX_SYNTHETIC_BYTES = 4 << 30  # a synthetic set is generated in memory, as uint8 images
 Precision = Literal["fp32", "fp16", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -72,7 +74,7 @@ class DataSpec(_Section):
 
     name: DatasetName = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
     path: str | None = Field(
-        None,
+        None, max_length=4096,
         description="imagefolder: a folder or .zip with one sub-folder per class. "
         "mnist/fashion_mnist/cifar10: the root folder holding torchvision's files "
         "(default: $TORCHDECK_DATA or ./data).",
@@ -82,12 +84,12 @@ class DataSpec(_Section):
     image_size: int | None = Field(
         None, ge=4, le=1024, description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64)."
     )
-    limit: int | None = Field(None, ge=2, description="Use at most this many samples (quick trials); none uses all.")
+    limit: int | None = Field(None, ge=2, le=100_000_000, description="Use at most this many samples (quick trials); none uses all.")
     normalize: bool = Field(True, description="Normalise with mean/std computed on the training split.")
     augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-split augmentation.")
     # synthetic only
     num_classes: int = Field(10, ge=2, le=1000, description="synthetic: number of classes.")
-    num_samples: int = Field(2000, ge=4, description="synthetic: number of samples.")
+    num_samples: int = Field(2000, ge=4, le=10_000_000, description="synthetic: number of samples.")
     channels: Literal[1, 3] = Field(3, description="synthetic: image channels (1 grayscale, 3 RGB).")
     size: int = Field(32, ge=4, le=512, description="synthetic: image height and width.")
     noise: float = Field(0.5, ge=0.0, le=10.0, description="synthetic: noise added to each class template (harder when larger).")
@@ -96,13 +98,17 @@ class DataSpec(_Section):
         0.05, ge=0.0, le=1.0, description="imagefolder: unreadable images are skipped and counted; above this fraction the dataset is refused."
     )
     cache_mb: int = Field(
-        2048, ge=0, description="Decode images once into memory when they fit in this many MB; larger sets decode per item."
+        2048, ge=0, le=262_144, description="Decode images once into memory when they fit in this many MB; larger sets decode per item."
     )
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DataSpec:
         if self.name == "imagefolder" and not self.path:
             raise ValueError("data.path is required for imagefolder: a folder or a .zip with one sub-folder per class")
+        size = self.num_samples * self.channels * self.size * self.size
+        if self.name == "synthetic" and size > MAX_SYNTHETIC_BYTES:
+            raise ValueError(f"data.num_samples × data.channels × data.size² is {size / 2**30:.1f} GB of images; at most "
+                             f"{MAX_SYNTHETIC_BYTES / 2**30:.0f} GB: lower data.num_samples or data.size")
         return self
 
 
@@ -114,7 +120,7 @@ class ModelSpec(_Section):
         False, description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline)."
     )
     weights_file: str | None = Field(
-        None, description="A state_dict to start from (.safetensors, or a torch file loaded with weights_only=True)."
+        None, max_length=4096, description="A state_dict to start from (.safetensors, or a torch file loaded with weights_only=True)."
     )
     transfer: Literal["scratch", "feature_extract", "finetune", "finetune_last_n"] = Field(
         "scratch",
@@ -176,19 +182,19 @@ class ScheduleSpec(_Section):
         "none", description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
         "plateau: decay when the monitored metric stalls; onecycle: up to optim.lr then down."
     )
-    warmup_epochs: float = Field(0.0, ge=0.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle).")
-    step_size: int = Field(10, ge=1, description="step: decay every this many epochs.")
-    milestones: list[int] = Field(default_factory=list, description="multistep: epochs at which to decay.")
+    warmup_epochs: float = Field(0.0, ge=0.0, le=10_000.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle).")
+    step_size: int = Field(10, ge=1, le=10_000, description="step: decay every this many epochs.")
+    milestones: list[int] = Field(default_factory=list, max_length=100, description="multistep: epochs at which to decay.")
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="step/multistep/plateau: decay factor.")
     min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate; plateau: lower bound.")
-    patience: int = Field(2, ge=0, description="plateau: epochs without improvement before decaying.")
+    patience: int = Field(2, ge=0, le=10_000, description="plateau: epochs without improvement before decaying.")
     pct_start: float = Field(0.3, gt=0.0, lt=1.0, description="onecycle: fraction of steps spent increasing the LR.")
 
     @field_validator("milestones")
     @classmethod
     def _sorted_positive(cls, v: list[int]) -> list[int]:
-        if any(m < 1 for m in v) or v != sorted(set(v)):
-            raise ValueError("milestones must be increasing epoch numbers ≥ 1")
+        if any(m < 1 or m > 10_000 for m in v) or v != sorted(set(v)):
+            raise ValueError("milestones must be increasing epoch numbers between 1 and 10,000")
         return v
 
 
@@ -205,7 +211,7 @@ class EarlyStoppingSpec(_Section):
     enabled: bool = Field(True, description="Stop early when the monitored metric stops improving.")
     monitor: Literal["val/loss", "val/acc", "train/loss", "train/acc"] = Field("val/loss", description="Metric to watch.")
     mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies.")
-    patience: int = Field(5, ge=1, description="Epochs without improvement before stopping.")
+    patience: int = Field(5, ge=1, le=10_000, description="Epochs without improvement before stopping.")
     min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
 
     @property
@@ -225,9 +231,9 @@ class TrainSpec(_Section):
     grad_clip: GradClipSpec = Field(default_factory=GradClipSpec, description="Gradient clipping.")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Cross-entropy label smoothing.")
     early_stopping: EarlyStoppingSpec = Field(default_factory=EarlyStoppingSpec, description="Early stopping.")
-    steps_per_epoch: int | None = Field(None, ge=1, description="Cap on training batches per epoch (quick trials); none: the whole split.")
-    log_every: int = Field(10, ge=1, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps.")
-    diag_every: int = Field(50, ge=1, description="Per-layer gradient norms and update/parameter ratios every N steps.")
+    steps_per_epoch: int | None = Field(None, ge=1, le=100_000_000, description="Cap on training batches per epoch (quick trials); none: the whole split.")
+    log_every: int = Field(10, ge=1, le=1_000_000, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps.")
+    diag_every: int = Field(50, ge=1, le=1_000_000, description="Per-layer gradient norms and update/parameter ratios every N steps.")
     overfit_check: bool = Field(False, description="Before training, check that the model can overfit one batch.")
     overfit_steps: int = Field(50, ge=5, le=1000, description="Steps of the overfit-one-batch check.")
     detect_anomaly: bool = Field(True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op.")
@@ -265,7 +271,7 @@ class LoaderSpec(_Section):
     num_workers: int | None = Field(None, ge=0, le=64, description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).")
     pin_memory: bool | None = Field(None, description="Pinned host memory; none: on when training on CUDA.")
     device_cache_mb: int = Field(
-        1024, ge=0, description="Datasets up to this size (MB, as float32) are moved to the device once; 0 disables it."
+        1024, ge=0, le=262_144, description="Datasets up to this size (MB, as float32) are moved to the device once; 0 disables it."
     )
 
 
@@ -321,7 +327,11 @@ class RunSpec(_Section):
 
     @classmethod
     def from_yaml(cls, text: str, overrides: list[str] | None = None) -> RunSpec:
-        data = yaml.safe_load(text) or {}
+        try:
+            data = bounded_yaml.load(text, "the spec") or {}
+        except (bounded_yaml.YamlRefused, yaml.YAMLError) as e:
+            raise SpecError([("(root)", str(e).splitlines()[0] if isinstance(e, bounded_yaml.YamlRefused)
+                              else f"not valid YAML: {' '.join(str(e).split())[:300]}")]) from None
         if not isinstance(data, dict):
             raise SpecError([("(root)", "a run spec must be a YAML mapping of sections")])
         return cls.from_dict(data, overrides)
@@ -371,7 +381,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise SpecError([(path, f"{k} is not a section")])
             node = child
-        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            node[keys[-1]] = bounded_yaml.load(raw, f"the value of {path}") if raw.strip() else None
+        except (bounded_yaml.YamlRefused, yaml.YAMLError) as e:
+            raise SpecError([(path, f"cannot read {raw[:60]!r}: {' '.join(str(e).split())[:200]}")]) from None
     return data
 
 

@@ -24,6 +24,7 @@ from core.models import Classifier
 from core.names import (
     CHECKPOINT_FILES,
     CLASS_ACC_PREFIX,
+    MAX_CONFUSION_CLASSES,
     DATA_WAIT,
     DATA_WAIT_EPOCH,
     EPOCH_TIME,
@@ -283,6 +284,15 @@ def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
     return m, cm
 
 
+def top_confusions(cm: torch.Tensor, names: list[str], k: int = 20) -> list[tuple[str, str, int]]:
+    """The k largest off-diagonal cells of a confusion matrix: (true class, predicted class, count)."""
+    off = cm.clone()
+    off.fill_diagonal_(0)
+    counts, flat = off.flatten().topk(min(k, off.numel()))
+    c = cm.shape[0]
+    return [(names[int(i) // c], names[int(i) % c], int(n)) for n, i in zip(counts, flat, strict=True) if n > 0]
+
+
 def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -312,7 +322,11 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     if len(names) <= 50:
         m.update(dict(zip(keys, per_class, strict=True)))
     t.sink.metrics(t.global_step, epoch, m)
-    data = {"code": "evaluation", "epoch": epoch, "confusion": cm.tolist(), "per_class_acc": per_class, "class_names": names}
+    data = {"code": "evaluation", "epoch": epoch, "per_class_acc": per_class, "class_names": names}
+    if len(names) <= MAX_CONFUSION_CLASSES:
+        data["confusion"] = cm.tolist()
+    else:  # C×C numbers in every epoch's event would be megabytes: the most confused pairs instead
+        data["top_confusions"] = top_confusions(cm, names)
     shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
     if shortened:
         data["class_keys"] = shortened  # the full name of each shortened per-class key

@@ -8,13 +8,14 @@ unreadable images. Mixed grayscale/RGB/RGBA images are converted to one mode.
 from __future__ import annotations
 
 import io
+import warnings
 import zipfile
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
-from core.names import IMAGE_EXTENSIONS
+from core.names import IMAGE_EXTENSIONS, MAX_IMAGE_PIXELS
 
 IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
 GRAY_MODES = ("L", "1", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -73,10 +74,31 @@ def _to_8bit(im):
     return Image.fromarray(np.clip(arr.round(), 0, 255).astype(np.uint8), mode="L")
 
 
+class ImageTooLarge(ValueError):
+    """An image whose declared size is beyond MAX_IMAGE_PIXELS: never decoded."""
+
+
+def too_many_pixels(e: Exception) -> str:
+    """'225,000,000 pixels' from PIL's DecompressionBombError (raised before the size is known to us)."""
+    import re
+
+    found = re.search(r"\((\d+) pixels\)", str(e))
+    return f"{int(found[1]):,} pixels" if found else "too many pixels"
+
+
 def _decode(data: bytes, mode: str, size: int) -> np.ndarray:
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, with our own limit
+            im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:  # over twice PIL's own limit: PIL refuses it while opening
+        raise ImageTooLarge(f"{too_many_pixels(e)}, more than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted") from None
+    with im:
+        w, h = im.size
+        if w * h > MAX_IMAGE_PIXELS:
+            raise ImageTooLarge(f"{w}×{h} pixels, more than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
         im.load()
         if im.mode in ALPHA_MODES and mode == "RGB":
             im = im.convert("RGBA")
@@ -187,6 +209,9 @@ def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: in
     for f, y in zip(files, labels_all, strict=True):
         try:
             arr = _decode(source.read(f), mode, size)  # every file is decoded once: corrupt ones are found now
+        except ImageTooLarge as e:
+            skipped.append(f"{f} ({e})")
+            continue
         except Exception:  # noqa: BLE001 - a corrupt file is skipped and counted
             skipped.append(f)
             continue

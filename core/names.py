@@ -49,6 +49,11 @@ EXPORT_FORMATS = ("torchscript", "onnx", "pt2")
 EXPORT_FILES = {"torchscript": "model.ts", "onnx": "model.onnx", "pt2": "model.pt2"}  # format -> file name
 EXPORT_EXTRAS = {"export.json": EXPORT_REPORT, "bundle.zip": BUNDLE}  # file name -> artifact kind
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# Larger images are refused before decoding (uploads and training data): a few KB of PNG can declare
+# 15000×15000 pixels, gigabytes once decoded. 64 MP is above any camera's photo.
+MAX_IMAGE_PIXELS = 64_000_000
+# Evaluation events carry the whole confusion matrix up to this many classes (the most confused pairs beyond).
+MAX_CONFUSION_CLASSES = 50
 
 # --- metric keys --------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"
@@ -110,6 +115,26 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+MAX_EVENT_DATA = 64 << 10  # bytes of JSON an event's data may hold; larger fields are left out (and named)
+
+
+def bounded(data: dict) -> dict:
+    """An event's data within MAX_EVENT_DATA: the fields over 2 KB are dropped, then (many smaller fields add up
+    too) the largest of the rest until they fit in half the cap; the dropped ones are named under `truncated`."""
+    if len(json.dumps(data, default=str)) <= MAX_EVENT_DATA:
+        return data
+    size = {k: len(json.dumps({k: v}, default=str)) for k, v in data.items()}
+    kept = {k: v for k, v in data.items() if size[k] <= 2048}
+    total = sum(size[k] for k in kept)
+    for k in sorted(kept, key=size.__getitem__, reverse=True):
+        if total <= MAX_EVENT_DATA // 2:  # the other half leaves room for the names of the dropped fields
+            break
+        total -= size[k]
+        del kept[k]
+    kept["truncated"] = sorted(str(k)[:100] for k in data if k not in kept)[:100]
+    return kept
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

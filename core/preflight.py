@@ -90,3 +90,34 @@ def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, 
         acc = (logits.argmax(1) == y).float().mean().item()
     passed = acc >= 0.99 or last < 0.1 * first
     return {"passed": passed, "initial_loss": first, "final_loss": last, "batch_acc": acc, "steps": steps, "batch": len(y)}
+
+
+def data_memory_bytes(spec) -> int | None:
+    """Host memory the images of a generated dataset take before the first step (uint8, plus the float32
+    copy normalised once when it fits the device cache); None when only reading the dataset tells."""
+    data = spec.data
+    if data.name != "synthetic":
+        return None
+    raw = data.num_samples * data.channels * data.size * data.size
+    as_float = raw * 4 if raw * 4 <= spec.loader.device_cache_mb * 2**20 else 0
+    return raw + as_float
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of this host (Linux), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(spec) -> None:
+    """Refuse, before allocating anything, a run whose data cannot fit in this host's available memory."""
+    need, have = data_memory_bytes(spec), available_memory_bytes()
+    if need is not None and have is not None and need > 0.8 * have:
+        raise MemoryError(f"the dataset needs about {need / 2**30:.1f} GB of memory and this host has "
+                          f"{have / 2**30:.1f} GB available: lower data.num_samples or data.size "
+                          "(or loader.device_cache_mb, which keeps a float32 copy)")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from core.names import MAX_EVENT_DATA, bounded  # noqa: F401 - MAX_EVENT_DATA re-exported: the cap the sink applies
 from db.repo import (
     EventInput,
     MetricPoint,
@@ -118,7 +119,7 @@ class DbSink:
         data = dict(data or {})
         code = data.get("code")
         ev = EventInput(kind=kind, level=level if level in ("debug", "info", "warning", "error") else "info",
-                        message=message[:4000], code=code, data=json_safe(data), time=utcnow(),
+                        message=message[:4000], code=code, data=bounded(json_safe(data)), time=utcnow(),
                         key=self._event_key(kind, code, step))
         with self._lock:
             self._events.append(ev)
