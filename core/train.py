@@ -29,7 +29,7 @@ from core.events import Control, NeverStop, Sink
 from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
-from core.preflight import check_shapes, overfit_one_batch, sample_grid
+from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
 
 
 
@@ -130,6 +130,7 @@ def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Contro
     start, t, status, error = time.time(), None, "failed", None
     try:
         device = resolve_device(spec)
+        check_memory(spec)
         seed_everything(spec.seed, spec.deterministic)
         t = build_trainer(spec, out, sink, control, device)
         last = out / "checkpoints" / CHECKPOINT_FILES["last"]
@@ -252,8 +253,10 @@ def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: S
     return {fmt: bool(report.get("formats", {}).get(fmt, {}).get("ok")) for fmt in spec.export.formats}
 
 
-def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str] | None = None, sink: Sink | None = None) -> dict[str, Any]:
-    """`torchdeck export RUN_DIR`: rebuild the model from a checkpoint and export it."""
+def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str] | None = None, sink: Sink | None = None,
+               out: str | Path | None = None) -> dict[str, Any]:
+    """`torchdeck export RUN_DIR`: rebuild the model from a checkpoint and export it into `out` (default
+    RUN_DIR/export; the dashboard's Export now gives each export a new folder)."""
     from core.events import MemorySink
 
     run = Path(run_dir)
@@ -268,5 +271,5 @@ def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str]
     model = build_model(spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
                         data.info.num_classes, data.info.channels, data.info.image_size)
     model.load_state_dict(ck["model"])
-    return export_trained(model, data.info, data.val, spec, run / "export", sink or MemorySink(),
+    return export_trained(model, data.info, data.val, spec, Path(out) if out else run / "export", sink or MemorySink(),
                           weights={"checkpoint": checkpoint, "epoch": int(ck["epoch"])})

@@ -6,6 +6,9 @@ local folder nothing is copied. Otherwise (an S3 bucket, or a shared folder else
 - checkpoints as soon as they change on disk (so a run lost with its host resumes elsewhere),
 - every file the run registers as an artifact (checkpoints at the end, exports, export.json,
   bundle.zip, the sample grid), after which the sink records it with the store's URI, size and sha256.
+  Export files are never written over an existing key (KeyExists: the upload is refused and reported),
+  so the bytes behind an export's artifact id never change; "Export now" writes each export into a
+  folder of its own (worker/export_job.py).
 Uploads run beside the training loop and the database sink, never blocking either.
 
 `fetch_checkpoints` brings `last.pt`/`best.pt` back before a resume on a host that lacks them, and
@@ -15,6 +18,7 @@ on a worker host that does not have the app's folder.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -23,13 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.names import CHECKPOINT_FILES
-from db.artifacts import ArtifactStore, BadKey, StoredObject, file_sha256
+from core.names import CHECKPOINT_FILES, EXPORT_EXTRAS, EXPORT_FORMATS
+from db.artifacts import CHUNK, ArtifactStore, BadKey, KeyExists, StoredObject, file_sha256
 
 log = logging.getLogger("torchdeck.artifacts")
 
 CHECKPOINTS = (CHECKPOINT_FILES["last"], CHECKPOINT_FILES["best"])
 UPLOAD_ATTEMPTS = 4
+EXPORT_KINDS = frozenset((*EXPORT_FORMATS, *EXPORT_EXTRAS.values()))  # uploaded once, never over a stored key
 
 
 def dataset_key(name: str) -> str:
@@ -94,7 +99,7 @@ class Uploader:
                 self._watch_checkpoints()
                 return
             kind, path, meta = item
-            obj, error = self._upload(Path(path))
+            obj, error = self._upload(Path(path), overwrite=kind not in EXPORT_KINDS)
             if error:
                 meta = {**meta, "upload_error": error}
             try:
@@ -108,7 +113,7 @@ class Uploader:
             if p.is_file():
                 self._upload(p)
 
-    def _upload(self, path: Path) -> tuple[StoredObject | None, str | None]:
+    def _upload(self, path: Path, overwrite: bool = True) -> tuple[StoredObject | None, str | None]:
         if not path.is_file():
             return None, f"{path.name} is missing"
         try:
@@ -122,9 +127,14 @@ class Uploader:
         delay, error = 0.5, ""
         for attempt in range(1, UPLOAD_ATTEMPTS + 1):
             try:
-                obj = self.store.put_file(path, key)
+                obj = self.store.put_file(path, key, overwrite=overwrite)
             except FileNotFoundError:  # replaced between stat and open: the watcher sees the new one
                 return None, f"{path.name} vanished while uploading"
+            except KeyExists as e:  # another file already stands behind this key: it is kept, not replaced
+                obj = _stored_copy(self.store, key, path) if attempt > 1 else None
+                if obj is None:
+                    error = str(e)
+                    break
             except Exception as e:  # noqa: BLE001 - retried, then reported on the run
                 error = f"{e.__class__.__name__}: {e}"
                 log.warning("upload of %s to %s failed (attempt %d): %s", key, self.store.url, attempt, error)
@@ -138,6 +148,22 @@ class Uploader:
             self.errors.append(message)
             self.on_problem(message)
         return None, message
+
+
+def _stored_copy(store: ArtifactStore, key: str, path: Path) -> StoredObject | None:
+    """After a retry: the object under key when it holds exactly this file's bytes (an earlier attempt that
+    reported an error had stored it after all), else None."""
+    h, n = hashlib.sha256(), 0
+    try:
+        size, digest = file_sha256(path)
+        with store.open(key) as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+    except Exception as e:  # noqa: BLE001 - unknown, so not ours: the upload is reported as refused
+        log.warning("could not compare %s in %s with %s: %s", key, store.url, path, e)
+        return None
+    return StoredObject(key, store.uri(key), size, digest) if (n, h.hexdigest()) == (size, digest) else None
 
 
 def _signature(path: Path) -> tuple[int, int, int]:

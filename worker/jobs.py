@@ -9,7 +9,9 @@ runs in a fresh subprocess, so a crash or a leak never touches the worker:
   and draws the labelled sample grid (worker/preflight.py);
 - `torchdeck.export(job_id, run_id, formats, checkpoint)`: brings the run's checkpoint from the artifact
   store when this host lacks it, then exports, verifies and registers the files through the database
-  sink, as the end of a training run does (worker/export_job.py).
+  sink, as the end of a training run does, into a new folder of the run each time, so an earlier
+  export's files are never replaced (worker/export_job.py). Who may ask is checked by the dashboard's
+  service (app/jobs.export_now: the run's owner or an admin) before anything is sent.
 
 There is no Celery result backend: a job answers through the artifact store, which the app reads too.
 `jobs/<job_id>/started.json` says a worker took the job; `jobs/<job_id>/result.json` (and, for a
@@ -176,7 +178,8 @@ def run_export(run_id: str, formats: list[str], checkpoint: str = "best", job_id
         return {"ok": False, "output": answer["error"], "added": []}
     verdicts = ", ".join(f"{fmt} {'verified' if ok else 'failed (see export.json)'}"
                          for fmt, ok in answer["formats"].items())
-    return {"ok": bool(answer["ok"]), "output": f"{checkpoint} checkpoint: {verdicts}", "added": answer["added"]}
+    where = f" (new files in {answer['folder']}/)" if answer.get("folder") else ""
+    return {"ok": bool(answer["ok"]), "output": f"{checkpoint} checkpoint: {verdicts}{where}", "added": answer["added"]}
 
 
 @app.task(name=EXPORT_TASK, ignore_result=True)

@@ -2,7 +2,8 @@
 
 The link names an artifact by its opaque id only; the service resolves the id through the database
 to the artifact store, so no request can name a file path. Anything else — a path, an unknown id, a
-file outside this installation's store — is refused with the reason, and nothing is read."""
+file outside this installation's store, a file whose bytes are not the ones registered (its sha256,
+checked by the download itself; a changed size is seen here already) — is refused with the reason."""
 
 from __future__ import annotations
 
@@ -24,20 +25,24 @@ def main() -> None:
     try:
         record, fh = services.open_artifact(artifact_id, engine=queries.engine())
     except services.InvalidArtifactId as e:
-        st.error(f"Refused: {e}.", icon=":material/block:")
+        st.error(f"Refused: {f.md_text(e)}.", icon=":material/block:")  # it quotes the link's id: text
         return
     except ArtifactNotFound:
-        st.error(f"Refused: there is no artifact with id `{artifact_id[:64]}`.", icon=":material/block:")
+        st.error(f"Refused: there is no artifact with id {f.code_span(artifact_id[:64])}.", icon=":material/block:")
         return
     except services.ArtifactUnavailable as e:
-        st.error(str(e), icon=":material/cloud_off:")
+        st.error(f.md_text(e), icon=":material/cloud_off:")
         return
     fh.close()  # opened to prove it is readable; the button reads it again when clicked
+    problem = services.artifact_problem(record)  # e.g. its size is not the stored one: refused here already
+    if problem is not None:
+        st.error(f"Refused: artifact {f.code_span(record.id)}: {f.md_text(problem)}.", icon=":material/gpp_bad:")
+        return
     run = queries.run(record.run_id)
-    st.markdown(f"**{services.artifact_filename(record)}** · {record.kind} · {f.size(record.size)}"
-                + (f" · sha256 `{record.sha256}`" if record.sha256 else ""))
+    st.markdown(f"**{f.md_text(services.artifact_filename(record))}** · {f.md_text(record.kind)} · {f.size(record.size)}"
+                + (f" · sha256 {f.code_span(record.sha256)}" if record.sha256 else ""))
     if run is not None:
-        st.page_link(frame.RUN, label=f"from run {run.name}", query_params={"id": run.id},
+        st.page_link(frame.RUN, label=f"from run {f.md_text(run.name)}", query_params={"id": run.id},
                      icon=":material/monitoring:")
     st.download_button("Download", lambda: services.read_artifact(record.id, engine=queries.engine()),
                        file_name=services.artifact_filename(record), icon=":material/download:", key="artifact.dl",

@@ -15,6 +15,11 @@ endpoint of MinIO, Ceph or moto from TORCHDECK_S3_ENDPOINT_URL).
 Keys are relative POSIX paths (`runs/<run_id>/export/model.onnx`); a key with `..`, `.`, an empty
 part, a leading `/`, a backslash, a drive letter or a control character is refused (BadKey), so a
 key can never name anything outside the store.
+
+`put_file`/`put_bytes` replace an object by default (checkpoints, job answers); with `overwrite=False`
+they raise KeyExists instead and leave what is stored untouched: the files behind artifact ids
+(exports) are written that way, so an artifact id never serves other bytes than those it was
+registered with.
 """
 
 
@@ -31,9 +36,11 @@ from db.artifacts.base import (
     ENV,
     ArtifactStore,
     BadKey,
+    KeyExists,
     StoreCheck,
     StoredObject,
     StoreError,
+    VerifiedReader,
     check_key,
     file_sha256,
 )
@@ -42,8 +49,9 @@ from db.artifacts.s3 import S3Store
 from db.engine import data_home
 
 __all__ = [
-    "CHUNK", "ENDPOINT_ENV", "ENV", "ArtifactStore", "BadKey", "LocalStore", "S3Store", "StoreCheck", "StoreError",
-    "StoredObject", "check_key", "default_url", "file_sha256", "is_local_url", "local_run_root", "open_store",
+    "CHUNK", "ENDPOINT_ENV", "ENV", "ArtifactStore", "BadKey", "KeyExists", "LocalStore", "S3Store", "StoreCheck",
+    "StoreError", "StoredObject", "VerifiedReader", "check_key", "default_url", "file_sha256", "is_local_url",
+    "local_run_root", "open_store",
 ]
 
 

@@ -10,6 +10,7 @@ from urllib.parse import unquote, urlparse
 from db.artifacts.base import (
     ArtifactStore,
     BadKey,
+    KeyExists,
     StoredObject,
     StoreError,
     atomic_file,
@@ -52,16 +53,19 @@ class LocalStore(ArtifactStore):
             return None
         return check_key(p.relative_to(root).as_posix())
 
-    def put_file(self, local: str | Path, key: str) -> StoredObject:
+    def put_file(self, local: str | Path, key: str, *, overwrite: bool = True) -> StoredObject:
         dest = self._path(key)
         if Path(local).resolve() == dest.resolve():  # the fast path: already in place, only describe it
             size, digest = file_sha256(dest)
             return StoredObject(key, self.uri(key), size, digest)
-        return super().put_file(local, key)
+        return super().put_file(local, key, overwrite=overwrite)
 
-    def _write_stream(self, src: BinaryIO, key: str) -> tuple[int, str]:
-        with atomic_file(self._path(key)) as out:
-            return copy_hashing(src, out)
+    def _write_stream(self, src: BinaryIO, key: str, overwrite: bool = True) -> tuple[int, str]:
+        try:
+            with atomic_file(self._path(key), exclusive=not overwrite) as out:
+                return copy_hashing(src, out)
+        except FileExistsError:
+            raise KeyExists(self.url, key) from None
 
     def open(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")

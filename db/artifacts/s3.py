@@ -12,6 +12,7 @@ from db.artifacts.base import (
     ENDPOINT_ENV,
     ArtifactStore,
     BadKey,
+    KeyExists,
     StoreCheck,
     StoreError,
     check_key,
@@ -86,17 +87,25 @@ class S3Store(ArtifactStore):
         k = check_key(key, prefix=prefix)
         return "/".join(filter(None, (self.bucket, self.prefix, k)))
 
-    def _write_stream(self, src: BinaryIO, key: str) -> tuple[int, str]:
+    def _write_stream(self, src: BinaryIO, key: str, overwrite: bool = True) -> tuple[int, str]:
         # An S3 object appears whole when its (multipart) upload completes: readers never see half a file.
-        out = self.fs.open(self._path(key), "wb")
+        # overwrite=False: refused up front when the key exists, and the upload itself is conditional
+        # (If-None-Match: *, mode "xb"), so a writer racing another never replaces its object either.
+        if not overwrite and self.exists(key):
+            raise KeyExists(self.url, key)
+        out = self.fs.open(self._path(key), "wb" if overwrite else "xb")
         try:
             result = copy_hashing(src, out)
         except BaseException:
             discard = getattr(out, "discard", None)  # abort the multipart upload: nothing is stored
             if discard is not None:
                 discard()
+                out.closed = True  # discarded: closing it later (even by the garbage collector) must not upload
             raise
-        out.close()
+        try:
+            out.close()
+        except FileExistsError:
+            raise KeyExists(self.url, key) from None
         return result
 
     def open(self, key: str) -> BinaryIO:

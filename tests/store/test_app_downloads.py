@@ -3,14 +3,16 @@ run deletes its prefix in the store; uploaded datasets reach the store for worke
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import io
+import re
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from app import services
+from app import auth, services
 from core.config import RunSpec
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -19,6 +21,7 @@ from db.repo import (
     add_artifact,
     create_run,
     finish_run,
+    get_artifact,
     list_artifacts,
 )
 
@@ -131,7 +134,7 @@ def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypa
     from worker.artifacts import dataset_key, localize_dataset
 
     data = _imagefolder_zip()
-    record = ds.store_upload(env, "pets", data, len(data.getvalue()))
+    record = ds.store_upload(env, "pets", data, len(data.getvalue()), owner="local")
     store = services.artifact_store()
     shared = ds.shared_store() is not None  # local store under $TORCHDECK_HOME: workers read the folder itself
     assert store.exists(dataset_key("pets")) == shared
@@ -147,24 +150,31 @@ def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypa
         with zipfile.ZipFile(local.data.path) as zf:
             assert sorted(zf.namelist()) == [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
         Path(moved).rename(record.uri)
-    ds.remove(env, record.id)
+    ds.remove(env, record.id, by=auth.local_user())
     assert not store.exists(dataset_key("pets"))
 
 
-def test_export_now_registers_its_files_through_the_store(env, tmp_path):
-    """The jobs worker's export (worker/export_job.py) registers each verified file as the training run does:
-    through the sink, into the artifact store (local folder or bucket), downloadable by artifact id."""
+def _trained_run(engine):
+    """A finished run with its checkpoints in this host's run folder, trained by the real core (tiny)."""
     from core.events import MemorySink
     from core.train import run_training
-    from worker.export_job import export
     from worker.settings import WorkerSettings
 
     spec = RunSpec.from_dict({"data": {"name": "synthetic", "num_classes": 3, "num_samples": 120, "size": 8,
                                        "channels": 1}, "model": {"name": "simple_cnn", "hidden": 8},
                               "train": {"epochs": 1, "batch_size": 32}, "export": {"formats": []}, "device": "cpu"})
-    run = create_run(env, spec.model_dump(mode="json"))
+    run = create_run(engine, spec.model_dump(mode="json"))
     assert run_training(spec, WorkerSettings().run_dir(run.id), MemorySink())["status"] == "completed"
-    finish_run(env, run.id, "completed")
+    finish_run(engine, run.id, "completed")
+    return run
+
+
+def test_export_now_registers_its_files_through_the_store(env, tmp_path):
+    """The jobs worker's export (worker/export_job.py) registers each verified file as the training run does:
+    through the sink, into the artifact store (local folder or bucket), downloadable by artifact id."""
+    from worker.export_job import export
+
+    run = _trained_run(env)
     result = export(run.id, "best", ["onnx"], "abcdef12")
     assert result["ok"] and result["added"] == ["onnx", "export_report", "bundle"], result
     arts = {a.kind: a for a in list_artifacts(env, run.id)}
@@ -174,5 +184,61 @@ def test_export_now_registers_its_files_through_the_store(env, tmp_path):
     import onnx
 
     assert hashlib.sha256(data).hexdigest() == arts["onnx"].sha256 and onnx.load_model_from_string(data).graph.input
-    assert services.artifact_store().key_of(arts["onnx"].uri) == f"runs/{run.id}/export/model.onnx"
+    key = services.artifact_store().key_of(arts["onnx"].uri)  # a folder of its own: runs/<id>/exports/<token>/
+    assert re.fullmatch(rf"runs/{run.id}/{result['folder']}/model\.onnx", key) and result["folder"].startswith("exports/")
     assert arts["onnx"].meta["parity"]["passed"] is True
+
+
+def test_a_second_export_never_changes_the_files_of_the_first(env):
+    """Export again (other formats): new artifacts in a new folder; every artifact of the first export keeps its
+    row, its file and its bytes, and is still downloadable by its id; the newest of each kind is the latest."""
+    import json
+
+    from worker.export_job import export
+
+    run = _trained_run(env)
+    assert export(run.id, "best", ["onnx", "torchscript"], "aaaaaaaa")["ok"]
+    first = {a.kind: a for a in list_artifacts(env, run.id)}
+    before = {kind: services.read_artifact(a.id, engine=env) for kind, a in first.items()}
+    assert json.loads(before["export_report"])["requested_formats"] == ["onnx", "torchscript"]
+    assert export(run.id, "last", ["onnx"], "bbbbbbbb")["ok"]
+    after = list_artifacts(env, run.id)
+    assert len(after) == 2 * 3 + 1  # onnx, export.json, bundle twice; the TorchScript file once
+    latest = services.latest_by_kind(after)
+    for kind, a in first.items():
+        assert get_artifact(env, a.id) == a  # the row is untouched
+        data = services.read_artifact(a.id, engine=env)  # and so are the bytes behind its id
+        assert data == before[kind] and hashlib.sha256(data).hexdigest() == a.sha256 and len(data) == a.size
+        if kind != "torchscript":
+            assert latest[kind].id != a.id and latest[kind].uri != a.uri
+    assert json.loads(services.read_artifact(latest["export_report"].id, engine=env))["requested_formats"] == ["onnx"]
+    assert latest["torchscript"].id == first["torchscript"].id  # not made again: the earlier one stays the latest
+    keys = services.artifact_store().list(f"runs/{run.id}/exports")
+    assert len(keys) == 7 and len({k.split("/")[3] for k in keys}) == 2, keys  # two folders, nothing replaced
+
+
+def test_a_file_changed_behind_its_artifact_id_is_refused(env):
+    """The download re-hashes what it serves: bytes that are not the registered ones (same size or not) are
+    refused with both hashes, whole or streamed, and served again once the stored bytes are back."""
+    _, art, data = _run_with_onnx(env)
+    store = services.artifact_store()
+    key = store.key_of(art.uri)
+    forged = data[:-5] + b"EVIL!"  # the same size: only the hash can tell
+    store.put_bytes(forged, key)  # behind the artifact's back: its row still says the old sha256
+    digest = hashlib.sha256(forged).hexdigest()
+    message = f"artifact {art.id}'s file changed since it was stored: sha256 {digest} ≠ {art.sha256}"
+    with pytest.raises(services.ArtifactChanged, match=re.escape(message)):
+        services.read_artifact(art.id, engine=env)
+    _, f = services.open_artifact(art.id, engine=env)
+    served = b""
+    with f, pytest.raises(services.ArtifactChanged, match=re.escape(message)):
+        while chunk := f.read(1000):
+            served += chunk
+    assert len(served) < len(forged)  # the read that would complete the file raises instead
+    store.put_bytes(data + b"more", key)  # grown: refused too, and seen without reading when the file is local
+    with pytest.raises(services.ArtifactChanged, match="changed since it was stored"):
+        services.read_artifact(art.id, engine=env)
+    if store.local_path(key) is not None:
+        assert services.artifact_problem(art).startswith("file changed since it was stored")
+    store.put_bytes(data, key)
+    assert services.read_artifact(art.id, engine=env) == data and services.artifact_problem(art) is None

@@ -10,6 +10,7 @@ import pytest
 
 from db.artifacts import (
     BadKey,
+    KeyExists,
     LocalStore,
     S3Store,
     StoreError,
@@ -61,6 +62,55 @@ def test_put_replaces_whole_objects(store, tmp_path):
     store.put_bytes(b"a" * 100, "runs/x/last.pt")
     store.put_bytes(b"b" * 10, "runs/x/last.pt")
     assert store.read_bytes("runs/x/last.pt") == b"b" * 10
+
+
+def test_put_without_overwrite_never_replaces_a_stored_key(store, tmp_path):
+    """The files behind artifact ids are written with overwrite=False: a second write of the key is refused and
+    the first bytes stay, whether through put_bytes or put_file, in a folder or a bucket."""
+    first = store.put_bytes(b"first" * 1000, "runs/x/exports/t1/model.onnx", overwrite=False)
+    (tmp_path / "other.onnx").write_bytes(b"second")
+    with pytest.raises(KeyExists, match="exists already and is never overwritten"):
+        store.put_bytes(b"second", first.key, overwrite=False)
+    with pytest.raises(KeyExists):
+        store.put_file(tmp_path / "other.onnx", first.key, overwrite=False)
+    assert store.read_bytes(first.key) == b"first" * 1000
+    assert hashlib.sha256(store.read_bytes(first.key)).hexdigest() == first.sha256
+    assert store.list("runs/x") == [first.key]  # no temporary file or placeholder left behind
+
+
+def test_a_failed_exclusive_write_leaves_the_key_free(store):
+    class Broken:
+        def read(self, n=-1):
+            raise OSError("disk went away")
+
+    with pytest.raises(OSError, match="disk went away"):
+        store._write_stream(Broken(), "runs/x/exports/t1/model.onnx", overwrite=False)
+    assert not store.exists("runs/x/exports/t1/model.onnx")
+    store.put_bytes(b"ok", "runs/x/exports/t1/model.onnx", overwrite=False)
+    assert store.read_bytes("runs/x/exports/t1/model.onnx") == b"ok"
+
+
+def test_exclusive_writers_racing_for_one_key_leave_exactly_one_file(tmp_path):
+    """O_EXCL claims the name: of many writers at once exactly one wins, and the file holds its bytes whole."""
+    import threading
+
+    store = open_store(str(tmp_path / "store"))
+    start, won, refused = threading.Barrier(8), [], []
+
+    def write(i: int) -> None:
+        start.wait()
+        try:
+            won.append(store.put_bytes(bytes([i]) * 200_000, "runs/x/exports/t/model.onnx", overwrite=False))
+        except KeyExists:
+            refused.append(i)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(won) == 1 and len(refused) == 7
+    assert hashlib.sha256(store.read_bytes(won[0].key)).hexdigest() == won[0].sha256
 
 
 BAD_KEYS = ["", "/etc/passwd", "../x", "runs/../../etc/passwd", "runs/./x", "runs//x", "runs\\x", "C:/x",

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from app import services
-from app import jobs
+from app import jobs, services
+from app.auth import local_user
 from core.config import RunSpec
 from db.engine import make_engine
 from db.migrate import upgrade
-from db.repo import get_run, list_artifacts, list_workers
+from db.repo import create_run, get_artifact, get_run, list_artifacts, list_workers
 from tests.worker.conftest import FINAL, ROOT
 
 TORCHDECK = str(Path(sys.executable).parent / "torchdeck")
@@ -92,15 +92,21 @@ def test_preflight_on_the_jobs_worker_returns_shapes_and_the_grid(team):
     assert not services.artifact_store().list("jobs")  # the answer is removed once read
 
 
-def test_export_now_on_the_jobs_worker_registers_a_verified_onnx(team):
+def _completed(team) -> str:
+    """The module's run, once it has finished (it trains while the first tests run)."""
     engine, run_id = team["engine"], team["run_id"]
     deadline = time.monotonic() + 120
     while (run := get_run(engine, run_id)).status not in FINAL:
         assert time.monotonic() < deadline, _logs(team["root"])
         time.sleep(0.3)
     assert run.status == "completed", run.error
+    return run_id
+
+
+def test_export_now_on_the_jobs_worker_registers_a_verified_onnx(team):
+    engine, run_id = team["engine"], _completed(team)
     assert not [a for a in list_artifacts(engine, run_id) if a.kind == "onnx"]
-    ok, output = jobs.export_now(run_id, ["onnx"])
+    ok, output = jobs.export_now(run_id, ["onnx"], by=local_user())
     assert ok and "onnx verified" in output, (output, _logs(team["root"]))
     onnx = services.latest_by_kind(list_artifacts(engine, run_id))["onnx"]
     assert onnx.meta.get("ok") is True and onnx.meta.get("parity")
@@ -110,6 +116,26 @@ def test_export_now_on_the_jobs_worker_registers_a_verified_onnx(team):
 
     assert onnx_lib.load_model_from_string(data).graph.input
     assert "export_report" in {a.kind for a in list_artifacts(engine, run_id)}
+
+
+def test_exporting_again_never_changes_an_earlier_exports_files(team):
+    """Two more exports through the jobs worker: each adds its own files; every artifact of the earlier one
+    keeps its row and the very bytes it was registered with, and stays downloadable by its id."""
+    engine, run_id = team["engine"], _completed(team)
+    ok, output = jobs.export_now(run_id, ["onnx", "torchscript"], by=local_user())
+    assert ok and "exports/" in output, (output, _logs(team["root"]))
+    first = services.latest_by_kind(list_artifacts(engine, run_id))
+    first = {k: first[k] for k in ("onnx", "torchscript", "export_report", "bundle")}
+    before = {k: services.read_artifact(a.id, engine) for k, a in first.items()}
+    ok, output = jobs.export_now(run_id, ["onnx"], "last", by=local_user())
+    assert ok, (output, _logs(team["root"]))
+    latest = services.latest_by_kind(list_artifacts(engine, run_id))
+    for kind, a in first.items():
+        assert get_artifact(engine, a.id) == a
+        data = services.read_artifact(a.id, engine)
+        assert data == before[kind] and hashlib.sha256(data).hexdigest() == a.sha256
+    assert {latest[k].id for k in ("onnx", "export_report", "bundle")}.isdisjoint(a.id for a in first.values())
+    assert latest["onnx"].uri != first["onnx"].uri and latest["torchscript"] == first["torchscript"]
 
 
 def test_no_jobs_worker_gives_a_clear_error(tmp_path, redis_server, monkeypatch):
@@ -125,7 +151,8 @@ def test_no_jobs_worker_gives_a_clear_error(tmp_path, redis_server, monkeypatch)
     result = jobs.preflight(RunSpec.model_validate(TINY), timeout_s=30)
     assert not result["ok"] and "no worker is serving the jobs queue" in result["error"]
     assert "torchdeck worker" in result["error"]
-    ok, output = jobs.export_now("no-such-run", ["onnx"])
+    run = create_run(make_engine(url), RunSpec.model_validate(TINY).model_dump(mode="json"))
+    ok, output = jobs.export_now(run.id, ["onnx"], by=local_user())
     assert not ok and "no worker is serving the jobs queue" in output
     assert time.monotonic() - t0 < 30  # the pickup limit ended the wait, not the 30 s job timeout
     redis.Redis(port=redis_server.port, db=0).flushdb()
