@@ -6,7 +6,13 @@ Two modes (TORCHDECK_MODE):
 - `team`: several people share one dashboard. Everyone signs in through Streamlit's native
   `st.login` (OpenID Connect: Keycloak, Google, Entra ID, …), configured by the TORCHDECK_OIDC_*
   variables below; a run belongs to the signed-in user who submitted it, and only its owner or an
-  admin (TORCHDECK_ADMINS) may cancel or delete it. Everyone signed in may view and clone.
+  admin (TORCHDECK_ADMINS) may cancel or delete it. Every member may view and clone.
+
+Who someone is, in team mode: the provider's issuer and subject, `<iss>#<sub>` (User.id, what an
+owner column holds), never a name or an address people can choose at the provider. An e-mail counts
+only when the provider says it verified it (`email_verified` true; absent is not verified): then it
+may match TORCHDECK_ADMINS, the allow-list, and owners stored as e-mails before identities were keyed.
+Members: everyone signed in, unless an allow-list is set (TORCHDECK_ALLOWED_USERS, _DOMAINS, _GROUPS).
 
 Streamlit reads its OIDC settings from the `[auth]` section of a secrets file, so the launcher
 writes one (mode 0600) under the data folder from the environment and passes it with
@@ -27,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 MODE_ENV = "TORCHDECK_MODE"
-ADMINS_ENV = "TORCHDECK_ADMINS"  # comma-separated e-mail addresses (case-insensitive)
+ADMINS_ENV = "TORCHDECK_ADMINS"  # comma-separated identity keys (<iss>#<sub>) or verified e-mails
+# The allow-list (any set: only who matches one, or an admin, is a member; none set: everyone signed in).
+ALLOWED_USERS_ENV = "TORCHDECK_ALLOWED_USERS"  # comma-separated identity keys or verified e-mails
+ALLOWED_DOMAINS_ENV = "TORCHDECK_ALLOWED_DOMAINS"  # comma-separated domains of verified e-mails
+ALLOWED_GROUPS_ENV = "TORCHDECK_ALLOWED_GROUPS"  # comma-separated values of the groups claim
+GROUPS_CLAIM_ENV = "TORCHDECK_GROUPS_CLAIM"  # the ID token claim listing the user's groups (default `groups`)
+ALLOW_ENVS = (ALLOWED_USERS_ENV, ALLOWED_DOMAINS_ENV, ALLOWED_GROUPS_ENV)
+# Headers a reverse proxy adds: local mode has no sign-in, so a proxied request is refused there.
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-IP")
 ADDRESS_ENV = "TORCHDECK_UI_ADDRESS"  # team mode only: where the UI listens (default all interfaces)
 # [auth] key in Streamlit's secrets → the variable that sets it. All are required in team mode.
 OIDC_ENV = {
@@ -40,8 +54,10 @@ OIDC_ENV = {
 # Instead of the metadata URL: the issuer (e.g. https://keycloak.example.com/realms/lab), whose metadata
 # lives at <issuer>/.well-known/openid-configuration (OpenID Connect Discovery).
 ISSUER_ENV = "TORCHDECK_OIDC_ISSUER"
+WELL_KNOWN = "/.well-known/openid-configuration"
 MODES = ("local", "team")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ACCOUNT_FLAG = "auth.account_recorded"  # session state: the key of the account recorded in this session
 
 
 class AuthNotConfigured(RuntimeError):
@@ -49,16 +65,24 @@ class AuthNotConfigured(RuntimeError):
 
 
 class PermissionDenied(PermissionError):
-    """The acting user may not do this to this run."""
+    """The acting user may not do this to this run (or dataset)."""
 
 
 @dataclass(frozen=True)
 class User:
-    """The acting person. `id` is what a run's owner column holds: the e-mail in team mode."""
+    """The acting person. `id` is what an owner column holds: `<iss>#<sub>` in team mode, the login name in
+    local mode. `name` is for display only; `email` is set only when the provider verified it."""
 
     id: str
     name: str
     is_admin: bool = False
+    email: str | None = None
+    groups: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        """For messages: the name and what identifies it (the verified e-mail, else the key)."""
+        ident = self.email or self.id
+        return ident if self.name.lower() == ident.lower() else f"{self.name} ({ident})"
 
 
 def mode() -> str:
@@ -72,8 +96,18 @@ def team_mode() -> bool:
     return mode() == "team"
 
 
+def _entries(env: str) -> tuple[str, ...]:
+    return tuple(e.strip() for e in os.environ.get(env, "").split(",") if e.strip())
+
+
 def admins() -> frozenset[str]:
-    return frozenset(a.strip().lower() for a in os.environ.get(ADMINS_ENV, "").split(",") if a.strip())
+    return frozenset(_entries(ADMINS_ENV))
+
+
+def _listed(entries, key: str, email: str | None) -> bool:
+    """An entry names this user: their key exactly, or their verified e-mail (case-insensitive)."""
+    mail = email.lower() if email else None
+    return any(e == key or (mail is not None and e.lower() == mail) for e in entries)
 
 
 def local_user() -> User:
@@ -83,32 +117,87 @@ def local_user() -> User:
     return User(id=name, name=name, is_admin=True)
 
 
+def configured_issuer() -> str:
+    """The issuer of the sign-in settings: TORCHDECK_OIDC_ISSUER, else the metadata URL's (its address less
+    /.well-known/openid-configuration), else ''."""
+    issuer = os.environ.get(ISSUER_ENV, "").strip()
+    if issuer:
+        return issuer.rstrip("/")
+    url = os.environ.get(OIDC_ENV["server_metadata_url"], "").strip()
+    return url.removesuffix(WELL_KNOWN).rstrip("/") if url.endswith(WELL_KNOWN) else ""
+
+
+def _text(claims: Mapping[str, Any], name: str) -> str:
+    value = claims.get(name)
+    return str(value).strip() if value is not None else ""
+
+
+def _groups(claims: Mapping[str, Any]) -> frozenset[str]:
+    value = claims.get(os.environ.get(GROUPS_CLAIM_ENV, "").strip() or "groups")
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        return frozenset()
+    return frozenset(str(v).strip() for v in value if str(v).strip())
+
+
 def user_from_claims(claims: Mapping[str, Any]) -> User | None:
-    """The signed-in user from the ID token's claims, or None when nobody is signed in. Some
-    providers (Entra ID) may omit `email`: `preferred_username`, then `sub`, stand in."""
+    """The signed-in user from the ID token's claims, or None when nobody is signed in (or the token names
+    no subject). Keyed on issuer and subject: `preferred_username` and an unverified `email` are whatever
+    the person typed at the provider, so they name (for display) but never identify."""
     if not claims.get("is_logged_in"):
         return None
-    # An address the provider says it has not verified could be anyone's (an admin's): not used.
-    keys = ("preferred_username", "sub") if claims.get("email_verified") is False else ("email", "preferred_username", "sub")
-    ident = next((str(claims[k]) for k in keys if claims.get(k)), None)
-    if ident is None:
+    sub, iss = _text(claims, "sub"), _text(claims, "iss") or configured_issuer()
+    if not sub or not iss:
         return None
-    ident = ident.strip().lower()
-    return User(id=ident, name=str(claims.get("name") or ident), is_admin=ident in admins())
+    key = f"{iss}#{sub}"
+    email = _text(claims, "email") if claims.get("email_verified") is True else ""
+    name = _text(claims, "name") or email or _text(claims, "preferred_username") or sub
+    return User(id=key, name=name, is_admin=_listed(admins(), key, email or None), email=email or None,
+                groups=_groups(claims))
 
 
-def can_modify(user: User | None, run: Any) -> bool:
-    """Cancel and delete: the run's owner or an admin. Viewing and cloning are open to everyone signed in."""
+def allow_list() -> dict[str, tuple[str, ...]]:
+    """The allow-list variables that are set, with their entries."""
+    return {env: entries for env in ALLOW_ENVS if (entries := _entries(env))}
+
+
+def is_member(user: User) -> bool:
+    """May this signed-in user use the dashboard? With no allow-list set, everyone signed in is a member;
+    with one, an admin, or a user whose key or verified e-mail is in TORCHDECK_ALLOWED_USERS, whose verified
+    e-mail's domain is in TORCHDECK_ALLOWED_DOMAINS, or who has a group of TORCHDECK_ALLOWED_GROUPS."""
+    rules = allow_list()
+    if not rules or user.is_admin:
+        return True
+    domains = {d.lower().lstrip("@") for d in rules.get(ALLOWED_DOMAINS_ENV, ())}
+    domain = user.email.rsplit("@", 1)[-1].lower() if user.email and "@" in user.email else None
+    return (_listed(rules.get(ALLOWED_USERS_ENV, ()), user.id, user.email)
+            or (domain is not None and domain in domains)
+            or bool(user.groups & set(rules.get(ALLOWED_GROUPS_ENV, ()))))
+
+
+def can_modify(user: User | None, thing: Any) -> bool:
+    """Cancel and delete a run, delete a dataset: its owner or an admin (viewing and cloning are open to every
+    member). `thing.owner` is an identity key; one stored before identities were keyed holds an e-mail (no
+    '#'), which the user's verified e-mail matches; no owner (a dataset from before datasets had one): admins."""
     if user is None:
         return False
-    return user.is_admin or str(run.owner).strip().lower() == user.id
+    if user.is_admin:
+        return True
+    owner = getattr(thing, "owner", None)
+    if not owner:
+        return False
+    if owner == user.id:
+        return True
+    return "#" not in owner and user.email is not None and owner.strip().lower() == user.email.lower()
 
 
-def check_can_modify(user: User | None, run: Any, action: str) -> None:
+def check_can_modify(user: User | None, run: Any, action: str, owner: str | None = None) -> None:
+    """PermissionDenied unless `user` may `action` this run; `owner` is how to name its owner (default the key)."""
     if not can_modify(user, run):
-        who = user.id if user else "an anonymous user"
-        raise PermissionDenied(f"{who} may not {action} run {run.id}: it belongs to {run.owner}, and only its "
-                               f"owner or an admin ({ADMINS_ENV}) may {action} it")
+        who = user.describe() if user else "an anonymous user"
+        raise PermissionDenied(f"{who} may not {action} run {run.id}: it belongs to {owner or run.owner}, and only "
+                               f"its owner or an admin ({ADMINS_ENV}) may {action} it")
 
 
 # --- starting the UI ------------------------------------------------------------------------------
@@ -118,7 +207,7 @@ def _oidc_settings() -> dict[str, str]:
     values = {key: os.environ.get(env, "").strip() for key, env in OIDC_ENV.items()}
     issuer = os.environ.get(ISSUER_ENV, "").strip().rstrip("/")
     if not values["server_metadata_url"] and issuer:
-        values["server_metadata_url"] = f"{issuer}/.well-known/openid-configuration"
+        values["server_metadata_url"] = f"{issuer}{WELL_KNOWN}"
     return values
 
 
@@ -185,10 +274,26 @@ def _is_loopback(ip: str | None) -> bool:
     return ip is None or ip in LOOPBACK or ip.startswith("127.") or ip == "::ffff:127.0.0.1"
 
 
+def local_refusal(ip: str | None, headers: Mapping[str, str]) -> str | None:
+    """Local mode has no sign-in, so it answers this machine only: why this request is refused, or None.
+    A request through a reverse proxy comes from 127.0.0.1 too, so the proxy's headers refuse it."""
+    if not _is_loopback(ip):
+        return ("This torchdeck dashboard runs in local mode, without sign-in: it only answers on this machine. "
+                f"Ask its owner to run it with {MODE_ENV}=team.")
+    sent = {str(h).lower() for h in headers}
+    proxied = [h for h in PROXY_HEADERS if h.lower() in sent]
+    if proxied:
+        return (f"This torchdeck dashboard runs in local mode, without sign-in, and this request came through a "
+                f"proxy ({', '.join(proxied)}): through a proxy anyone could reach it, so it answers this machine "
+                f"only. To serve it through a proxy, run it with {MODE_ENV}=team (sign-in, see .env.example).")
+    return None
+
+
 def gate() -> User:
     """Called by app/main.py before any page: returns who is acting, or shows why not and stops the
-    script (no page, no data). Team mode: a sign-in screen. Local mode: refused to a remote client,
-    should someone serve it on another interface by hand."""
+    script (no page, no data). Team mode: a sign-in screen, or a refusal for someone signed in who is
+    not a member. Local mode: refused to a remote client (served on another interface by hand) and to
+    any request through a reverse proxy."""
     import streamlit as st
 
     try:
@@ -197,9 +302,9 @@ def gate() -> User:
         st.error(str(e), icon=":material/lock:")
         st.stop()
     if not team:
-        if not _is_loopback(st.context.ip_address):
-            st.error("This torchdeck dashboard runs in local mode, without sign-in: it only answers on this "
-                     f"machine. Ask its owner to run it with {MODE_ENV}=team.", icon=":material/lock:")
+        refusal = local_refusal(st.context.ip_address, st.context.headers)
+        if refusal:
+            st.error(refusal, icon=":material/lock:")
             st.stop()
         return local_user()
     if not _sign_in_configured():  # started with `streamlit run` instead of `torchdeck ui` / `torchdeck up`
@@ -210,7 +315,31 @@ def gate() -> User:
     if user is None:
         sign_in_screen()
         st.stop()
+    if not is_member(user):
+        not_a_member_screen(user)
+        st.stop()
+    _record_account(user)
     return user
+
+
+def _record_account(user: User) -> None:
+    """Once per session: the account's name and verified e-mail, which the pages show instead of its key."""
+    import logging
+
+    import streamlit as st
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.services import get_engine
+    from db.repo import upsert_account
+
+    if st.session_state.get(ACCOUNT_FLAG) == user.id:
+        return
+    try:
+        upsert_account(get_engine(), user.id, user.name, user.email)
+    except SQLAlchemyError as e:  # the pages say what is wrong with the database; the next run tries again
+        logging.getLogger(__name__).warning("could not record the account %s: %s", user.id, e)
+        return
+    st.session_state[ACCOUNT_FLAG] = user.id
 
 
 def _sign_in_configured() -> bool:
@@ -230,13 +359,31 @@ def sign_in_screen() -> None:
     st.button("Sign in", type="primary", icon=":material/login:", key="auth.sign_in", on_click=st.login)
 
 
-def sidebar(user: User) -> None:
-    """Who is signed in, and the sign-out control (team mode)."""
+def not_a_member_screen(user: User) -> None:
+    """Signed in, but matching no allow-list entry: who they are (the key an admin adds), and Sign out."""
     import streamlit as st
+
+    from app.fmt import code_span, md_text
+
+    st.title(":material/local_fire_department: torchdeck")
+    st.error(f"{md_text(user.name)} is signed in but not a member of this dashboard; ask an admin to add you to "
+             f"{ALLOWED_USERS_ENV} (or your e-mail's domain to {ALLOWED_DOMAINS_ENV}, or you to a group of "
+             f"{ALLOWED_GROUPS_ENV}).", icon=":material/block:")
+    mail = f"verified e-mail {md_text(user.email)}" if user.email else "no verified e-mail"
+    st.caption(f"Your account: {code_span(user.id)}, {mail}.")
+    st.button("Sign out", type="primary", icon=":material/logout:", key="auth.sign_out", on_click=st.logout)
+
+
+def sidebar(user: User) -> None:
+    """Who is signed in (name and verified e-mail), and the sign-out control (team mode)."""
+    import streamlit as st
+
+    from app.fmt import md_text
 
     if not team_mode():
         return
     with st.sidebar:
         role = " · admin" if user.is_admin else ""
-        st.caption(f"signed in as **{user.name}** ({user.id}){role}")
+        mail = f" ({md_text(user.email)})" if user.email and user.email.lower() != user.name.lower() else ""
+        st.caption(f"signed in as **{md_text(user.name)}**{mail}{role}")
         st.button("Sign out", icon=":material/logout:", key="auth.sign_out", on_click=st.logout)

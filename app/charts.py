@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import plotly.graph_objects as go
 
+from app.fmt import plot_text
+
 X_MODES = ("step", "epoch", "time")
 X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start"}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -70,22 +72,24 @@ def step_mapper(anchors: Sequence[tuple[int, int, float]], mode: str, started: f
 
 def line_figure(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: str, smoothing: float = 0.0,
                 log_y: bool = False, height: int = 300) -> go.Figure:
+    """Trace names and the title are shown as text (a run's or a class's name is never Plotly's HTML)."""
     data = []
     for i, t in enumerate(traces):
         color = t.color or PALETTE[i % len(PALETTE)]
+        name = plot_text(t.name)
         # numpy arrays: Plotly validates a list element by element (10× slower for 20 × 500 points).
         x, y = np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
         if smoothing > 0 and not t.markers and len(y) > 2:
-            data.append(go.Scatter(x=x, y=y, name=f"{t.name} (raw)", mode="lines", showlegend=False,
+            data.append(go.Scatter(x=x, y=y, name=f"{name} (raw)", mode="lines", showlegend=False,
                                    line={"color": color, "width": 1}, opacity=0.25, hoverinfo="skip",
                                    legendgroup=t.name))
             y = np.asarray(smooth(y.tolist(), smoothing), dtype=float)
-        data.append(go.Scatter(x=x, y=y, name=t.name, legendgroup=t.name,
+        data.append(go.Scatter(x=x, y=y, name=name, legendgroup=t.name,
                                mode="lines+markers" if t.markers else "lines",
                                line={"color": color, "width": 2}, marker={"size": 6}, **t.extra))
     fig = go.Figure(data=data)
     # Title on top, legend in its own row under it (long per-layer legends never cover the title).
-    fig.update_layout(title={"text": title, "font": {"size": 14}, "y": 0.98, "yanchor": "top"}, height=height,
+    fig.update_layout(title={"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"}, height=height,
                       uirevision=uirevision, margin={"l": 10, "r": 10, "t": 64, "b": 10}, hovermode="x unified",
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
                               "font": {"size": 11}})
@@ -113,7 +117,7 @@ def confusion_figure(matrix: Sequence[Sequence[int]], names: Sequence[str], uire
     m = np.asarray(matrix, dtype=float)
     rows = m.sum(axis=1, keepdims=True)
     share = np.divide(m, rows, out=np.zeros_like(m), where=rows > 0)
-    labels = [str(n) for n in names]
+    labels = [plot_text(n) for n in names]  # axis ticks and hover render Plotly's HTML: class names as text
     fig = go.Figure(go.Heatmap(z=share.tolist(), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
                                text=m.astype(int).tolist(), texttemplate="%{text}", colorbar={"title": "row share"},
                                hovertemplate="true %{y} → predicted %{x}: %{text} (%{z:.1%})<extra></extra>"))
@@ -126,9 +130,9 @@ def confusion_figure(matrix: Sequence[Sequence[int]], names: Sequence[str], uire
 
 def bar_figure(title: str, names: Sequence[str], values: Sequence[float], *, y_title: str, uirevision: str,
                percent: bool = False, height: int = 320) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[str(n) for n in names], y=list(values), marker_color=PALETTE[0],
+    fig = go.Figure(go.Bar(x=[plot_text(n) for n in names], y=list(values), marker_color=PALETTE[0],
                            texttemplate="%{y:.1%}" if percent else "%{y}", textposition="outside"))
-    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=height, uirevision=uirevision,
+    fig.update_layout(title={"text": plot_text(title), "font": {"size": 14}}, height=height, uirevision=uirevision,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     fig.update_xaxes(type="category")
     fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, range=[0, 1.08] if percent else None)
@@ -136,18 +140,19 @@ def bar_figure(title: str, names: Sequence[str], values: Sequence[float], *, y_t
 
 
 def parallel_figure(columns: dict[str, Sequence], metric: str, metric_values: Sequence[float]) -> go.Figure:
-    """Hyperparameters (numeric, or categorical mapped to ticks) against one metric, coloured by it."""
+    """Hyperparameters (numeric, or categorical mapped to ticks) against one metric, coloured by it. Labels
+    render Plotly's HTML, so they are escaped; tick texts are shown as they are."""
     dims = []
     for name, values in columns.items():
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            dims.append({"label": name, "values": [float(v) for v in values]})
+            dims.append({"label": plot_text(name), "values": [float(v) for v in values]})
         else:
             cats = sorted({str(v) for v in values})
-            dims.append({"label": name, "values": [cats.index(str(v)) for v in values],
+            dims.append({"label": plot_text(name), "values": [cats.index(str(v)) for v in values],
                          "tickvals": list(range(len(cats))), "ticktext": cats})
     clean = [v if v is not None and math.isfinite(v) else float("nan") for v in metric_values]
-    dims.append({"label": metric, "values": clean})
+    dims.append({"label": plot_text(metric), "values": clean})
     fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": clean, "colorscale": "Viridis", "showscale": True,
-                                                        "colorbar": {"title": metric}}))
+                                                        "colorbar": {"title": plot_text(metric)}}))
     fig.update_layout(height=380, margin={"l": 60, "r": 60, "t": 50, "b": 20})
     return fig

@@ -15,6 +15,7 @@ from app.cli_runs import load_spec_or_exit as _load
 from app.cli_runs import register as register_run_commands
 from app.doctor import doctor
 from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
+from core.redact import redact_logs
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers.")
 
@@ -97,6 +98,7 @@ app.command("doctor")(doctor)
 
 
 def main() -> None:
+    redact_logs()
     app(prog_name="torchdeck")
 
 

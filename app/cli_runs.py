@@ -61,19 +61,34 @@ def submit(
     name: Annotated[str | None, typer.Option("--name", help="Run name (default: the spec's name).")] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a field (repeatable).")] = [],  # noqa: B006
     tags: Annotated[list[str], typer.Option("--tag", help="Tag the run (repeatable).")] = [],  # noqa: B006
+    owner: Annotated[str | None, typer.Option(
+        "--owner", help="Who the run belongs to (default: 'local' in local mode, 'cli:<OS user>' in team mode, "
+        "which only an admin may cancel or delete in the dashboard).")] = None,
 ) -> None:
-    """Validate, store and enqueue a run; prints the run id as the last line."""
+    """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
+    and the broker's credentials, as an operator: it is not signed in."""
     from app.services import submit as do_submit
 
     run_spec = load_spec_or_exit(spec, overrides)
     try:
-        run = do_submit(run_spec, name=name, tags=tags, engine=_engine())
-    except RuntimeError as e:
+        run = do_submit(run_spec, name=name, tags=tags, owner=owner or cli_owner(), engine=_engine())
+    except (RuntimeError, ValueError) as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"queued on '{run_spec.resource}': {run.name or '(unnamed)'}")
     _say_who_serves(run_spec.resource)
     typer.echo(run.id)
+
+
+def cli_owner() -> str:
+    """The owner of a run submitted from a shell: the OS user, marked as such in team mode."""
+    from app.auth import team_mode
+
+    if not team_mode():
+        return "local"
+    import getpass
+
+    return f"cli:{getpass.getuser()}"
 
 
 def _say_who_serves(queue: str) -> None:

@@ -22,7 +22,8 @@ from typing import IO
 
 from sqlalchemy import Engine
 
-from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME
+from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
+from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME, MAX_IMAGE_PIXELS
 from db import repo
 from db.engine import data_home
 
@@ -131,11 +132,25 @@ def _copy_limited(src: IO[bytes], dst: IO[bytes], budget: list[int]) -> None:
 
 
 def _verify_image(path: Path) -> str | None:
+    """Why this file is no image we accept, or None. Its size is read from the header, never decoded."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit below
+            im = Image.open(path)
+        with im:
+            w, h = im.size
+            if w * h > MAX_IMAGE_PIXELS:
+                return (f"{path.parent.name}/{path.name}: {w}×{h} pixels, more than the "
+                        f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
             im.verify()
+    except Image.DecompressionBombError as e:  # over twice PIL's own limit: PIL refuses it while opening
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        return (f"{path.parent.name}/{path.name}: {f'{int(found[1]):,}' if found else 'too many'} pixels, more than the "
+                f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         return f"{path.parent.name}/{path.name}: {e.__class__.__name__}"
     return None
@@ -165,8 +180,9 @@ def extract(zf: zipfile.ZipFile, layout: Layout, target: Path) -> dict[str, int]
     return counts
 
 
-def store_upload(engine: Engine, name: str, data: IO[bytes], size: int) -> repo.DatasetRecord:
-    """Check, extract and register an uploaded zip. Raises UploadRefused; leaves nothing on refusal."""
+def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner: str) -> repo.DatasetRecord:
+    """Check, extract and register an uploaded zip, owned by `owner` (who alone, or an admin, may delete it).
+    Raises UploadRefused; leaves nothing on refusal."""
     name = check_name(name)
     if size > MAX_UPLOAD_MB << 20:
         raise UploadRefused(f"the upload is {size / 2**20:,.1f} MB; the limit is {MAX_UPLOAD_MB:,} MB")
@@ -195,7 +211,8 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int) -> repo.
         shutil.rmtree(final, ignore_errors=True)
         raise UploadRefused(f"the dataset could not be copied to the artifact store, where workers on other "
                             f"hosts read it: {e.__class__.__name__}: {e}") from None
-    return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready")
+    return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready",
+                               owner=owner)
 
 
 def store_key(name: str) -> str:
@@ -229,8 +246,20 @@ def publish(name: str, folder: Path) -> None:
         store.put_file(archive, store_key(name))
 
 
-def remove(engine: Engine, dataset_id: str) -> None:
-    name = repo.get_dataset(engine, dataset_id).name
+def check_can_remove(by: User | None, record: repo.DatasetRecord) -> None:
+    """Its owner or an admin; a dataset uploaded before datasets had owners, an admin only."""
+    if not can_modify(by, record):
+        who = by.describe() if by else "an anonymous user"
+        owner = record.owner or "nobody recorded (it was uploaded before datasets had owners)"
+        raise PermissionDenied(f"{who} may not delete dataset {record.name!r}: it belongs to {owner}, and only its "
+                               f"owner or an admin ({ADMINS_ENV}) may delete it")
+
+
+def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
+    """Delete an uploaded dataset and its files. app.auth.PermissionDenied unless `by` may."""
+    record = repo.get_dataset(engine, dataset_id)
+    check_can_remove(by, record)
+    name = record.name
     uri = repo.delete_dataset(engine, dataset_id)
     store = shared_store()
     if store is not None:

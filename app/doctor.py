@@ -284,7 +284,15 @@ def check_sign_in() -> Check | None:
                      "register torchdeck as an OpenID Connect client with your provider (redirect URI "
                      "https://<dashboard>/oauth2callback) and set those variables (see .env.example)")
     admins = ", ".join(sorted(auth.admins())) or "none (set TORCHDECK_ADMINS)"
-    return Check("sign-in", True, f"team mode, OpenID Connect client {os.environ[auth.OIDC_ENV['client_id']]}; admins: {admins}")
+    check = Check("sign-in", True, f"team mode, OpenID Connect client {os.environ[auth.OIDC_ENV['client_id']]}; admins: {admins}")
+    rules = auth.allow_list()
+    if rules:
+        listed = "; ".join(f"{env}={','.join(entries)}" for env, entries in rules.items())
+        check.notes.append(f"members: the admins and who matches {listed}")
+    else:
+        check.notes.append(f"warning: no allow-list ({', '.join(auth.ALLOW_ENVS)}): everyone who can sign in at the "
+                           "provider is a member of this dashboard")
+    return check
 
 
 # --- all together ---------------------------------------------------------------------------------

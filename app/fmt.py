@@ -1,8 +1,11 @@
-"""Formatting for people: statuses, durations, ETAs, sizes, best metrics."""
+"""Formatting for people: statuses, durations, ETAs, sizes, best metrics, and user text made safe
+for Markdown (md_text, code_span) and for Plotly's text (plot_text)."""
 
 from __future__ import annotations
 
+import html
 import math
+import re
 from datetime import UTC, datetime
 
 from db.types import RunRecord
@@ -93,3 +96,76 @@ def best_text(r: RunRecord) -> str:
 
 def run_label(r: RunRecord) -> str:
     return f"{r.name} ({r.id})" if r.name != r.id else r.id
+
+
+# --- user text in Markdown and charts ------------------------------------------------------------
+# Streamlit renders Markdown (GFM plus its directives, icons, emoji and LaTeX) in st.markdown, captions,
+# alerts, titles, metric, tab, expander, button and page-link labels and help tooltips. A run's name or
+# tags, a dataset's or class's name, an owner, an error or event message goes into any of them only
+# through md_text (shown as text) or code_span (shown as code): nothing in it is ever markup.
+
+# The characters that make Markdown (CommonMark, GFM, Streamlit's directives and LaTeX) or HTML anywhere in
+# a line, and those that do only where a line starts (a list item `- `/`+ `/`1. `, a setext underline `=`):
+# each is backslash-escaped, which CommonMark allows for any ASCII punctuation character. Underscores inside
+# a word (`lr_sweep`) never make emphasis: they stay as they are.
+_MD_PUNCT = re.compile(r"[\\`*{}\[\]()#|<>~$:&]|_+")
+_LINE_START = re.compile(r"^(?:[-+=]|\d+\.)")
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+# Blanks a paragraph would strip or take for indentation (JavaScript's trim, which some renderers use,
+# strips Unicode spaces too): kept as character references where they start or end a line.
+_EDGE_SPACE = re.compile(r"^[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+"
+                         r"|[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+$")
+WORD_JOINER = "\u2060"  # invisible; splits what Streamlit's frontend would rewrite in the parsed text
+# Streamlit rewrites text after the Markdown is parsed, where escapes no longer count: `http://…` and
+# `www.…` become links, `:name:` an emoji, a Material icon or its logo, and a lone `->`, `--`, `<=` … an
+# arrow or a dash. A word joiner inside each breaks the pattern and shows nothing. (Not in a time `12:30:45`,
+# a port `host:8080`, nor an e-mail address: that one stays a mailto link to exactly the address shown, so
+# that it copies intact.)
+_REWRITTEN = re.compile(r"(?<=:)(?=(?:[A-Za-z0-9_+-]*[A-Za-z_+-][A-Za-z0-9_+-]*|100|1234)(?::|$)|material/)"
+                        r"|(?i:(?<=http:)|(?<=https:))(?=//)|(?i:(?<=www)(?=\.))")
+_SYMBOL = re.compile(r"(?:^|(?<=[\s\ufeff]))(?:<->|->|<-|--|>=|<=|~=)(?=[\s\ufeff]|$)")  # JS's \s has U+FEFF
+
+
+def _escape(m: re.Match) -> str:
+    s, a, b = m.string, m.start(), m.end()
+    if s[a] == "_" and 0 < a and b < len(s) and s[a - 1].isalnum() and s[b].isalnum():
+        return m.group()
+    return "".join("\\" + c for c in m.group())
+
+
+def _md_line(line: str) -> str:
+    line = _SYMBOL.sub(lambda m: WORD_JOINER.join(m.group()), _REWRITTEN.sub(WORD_JOINER, line))
+    line = _MD_PUNCT.sub(_escape, line)
+    line = _LINE_START.sub(lambda m: m.group()[:-1] + "\\" + m.group()[-1], line)
+    # Leading and trailing blanks as character references: never an indented code block, never stripped.
+    return _EDGE_SPACE.sub(lambda m: "".join(f"&#{ord(c)};" for c in m.group()), line)
+
+
+def md_text(value: object, *, multiline: bool = False) -> str:
+    """`value` as Markdown that renders as exactly its text, to interpolate into our own Markdown
+    (`f"**{md_text(r.name)}** failed"`). Line breaks stay line breaks with multiline (a message's
+    paragraphs), else they are kept as characters that start no new line (a title, a label)."""
+    lines = _NEWLINE.split(str(value).replace("\0", "\ufffd"))
+    if not multiline:
+        return "&#10;".join(_md_line(line) for line in lines)
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()  # a hard line break cannot end a paragraph
+    return "\\\n".join(_md_line(line) for line in lines)
+
+
+def code_span(value: object) -> str:
+    """`value` as inline code (a tag, an id, a path): a fence longer than any run of backticks in it,
+    padded when it starts or ends with a backtick or a space. A code span shows a line break as a space."""
+    text = " ".join(_NEWLINE.split(str(value).replace("\0", "\ufffd")))
+    if not text:
+        return ""
+    text = text.replace(":material/", f":{WORD_JOINER}material/")  # Streamlit rewrites this even in code
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.strip(" ") and (text[0] == "`" or text[-1] == "`" or text[0] == text[-1] == " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def plot_text(value: object) -> str:
+    """`value` for a Plotly title, legend, axis tick or hover label, where Plotly renders a subset of
+    HTML (`<b>`, `<a href>`, `<br>`, entities): as its text."""
+    return html.escape(str(value), quote=False)

@@ -1,7 +1,8 @@
 """The dashboard's torch jobs, asked of the jobs workers by task name (worker/jobs.py does them): the
 pre-flight of the New run page and the Run page's "Export now". The dashboard never imports torch and
 never runs them itself; it sends the task and reads the answer that the worker leaves in the artifact
-store (`jobs/<job id>/result.json`), then deletes it.
+store (`jobs/<job id>/result.json`), then deletes it. Export now is the run's owner's or an admin's to
+ask: export_now checks it here, before anything is sent (the page only hides what this refuses).
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ import time
 import uuid
 from typing import Any
 
+from sqlalchemy import Engine
+
 from app import services
+from app.auth import User, check_can_modify
 from core.config import RunSpec
 from core.names import EXPORT_FORMATS, EXPORT_TASK, JOBS_QUEUE, PREFLIGHT_TASK
+from core.redact import redact
+from db.repo import RunNotFound, get_run
 
 PREFLIGHT_TIMEOUT_S = 300
 EXPORT_TIMEOUT_S = 900
@@ -40,7 +46,7 @@ def run_job(task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float
     try:
         services.enqueue_job(task, {"job_id": job_id, **kwargs}, expires_s=pickup_s + timeout_s)
     except Exception as e:
-        raise JobError(f"could not reach the queue at {services.broker_url()}: {e}") from e
+        raise JobError(redact(f"could not reach the queue at {services.broker_url()}: {e}")) from e
     start, started, busy = time.monotonic(), False, False
     while True:
         try:
@@ -48,7 +54,7 @@ def run_job(task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float
                 return json.loads(store.read_bytes(f"{prefix}/result.json")), store, job_id
             started = started or store.exists(f"{prefix}/started.json")
         except Exception as e:
-            raise JobError(f"cannot read the job's answer from the artifact store {store.url}: {e}") from e
+            raise JobError(redact(f"cannot read the job's answer from the artifact store {store.url}: {e}")) from e
         waited = time.monotonic() - start
         if not started and waited > pickup_s:
             busy = busy or _jobs_worker_alive()
@@ -77,7 +83,14 @@ def forget(store, job_id: str) -> None:
 
 def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str, Any]:
     """Build the data and the model on a jobs worker, run the shape check and draw the labelled sample grid.
-    Returns {"ok", "shapes"|"error", "grid" (PNG bytes or None), "data", "model"}."""
+    Returns {"ok", "shapes"|"error", "grid" (PNG bytes or None), "data", "model"}. A spec reading files a run
+    may not (app.paths) is refused here, before anything is sent."""
+    from app.paths import check_paths
+
+    try:
+        check_paths(spec, services.get_engine(), services.artifact_root())
+    except ValueError as e:
+        return {"ok": False, "error": str(e)}
     try:
         result, store, job_id = run_job(PREFLIGHT_TASK, {"spec": spec.model_dump(mode="json"), "timeout_s": timeout_s},
                                         timeout_s)
@@ -91,9 +104,18 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str
     return result
 
 
-def export_now(run_id: str, formats: list[str], checkpoint: str = "best") -> tuple[bool, str]:
-    """Export the run's checkpoint again on a jobs worker, which registers the verified files as the run's
-    artifacts. Returns (every format verified, what the worker said)."""
+def export_now(run_id: str, formats: list[str], checkpoint: str = "best", *, by: User,
+               engine: Engine | None = None) -> tuple[bool, str]:
+    """Export the run's checkpoint again on a jobs worker, which registers the verified files as new artifacts
+    of the run (in a new folder: earlier exports keep their files). Returns (every format verified, what the
+    worker said). Only the run's owner or an admin may: app.auth.PermissionDenied otherwise, and then
+    nothing is sent."""
+    engine = engine or services.get_engine()
+    try:
+        run = get_run(engine, run_id)
+    except RunNotFound:
+        return False, f"there is no run {run_id!r} (it may have been deleted)"
+    check_can_modify(by, run, "export", services.owner_label(run.owner, engine))
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown or not formats:
         return False, f"choose formats among {', '.join(EXPORT_FORMATS)}"

@@ -1,6 +1,6 @@
 """The dashboard's entry (`streamlit run app/main.py`): the router and the frame every page shares.
 
-Pages live in app/app_pages/ and are thin UI over plain functions in app/ui/. Nothing here (or
+Pages live in app/app_pages/ and are thin UI over app/ui/ (Streamlit parts) and plain functions in app/. Nothing here (or
 there) imports torch: the UI validates specs with core.config, reads the database and enqueues
 runs by task name."""
 
@@ -17,6 +17,9 @@ import streamlit as st
 
 from app import auth
 from app.ui import frame
+from core.redact import redact_logs
+
+redact_logs()  # no password of a URL in the dashboard's log lines
 
 PAGES = ROOT / "app" / "app_pages"
 

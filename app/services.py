@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +16,7 @@ from sqlalchemy import Engine
 
 from app.auth import PermissionDenied, User, check_can_modify
 from core.config import RunSpec
+from core.redact import redact
 from core.names import CPU_QUEUE, GPU_QUEUE, JOBS_QUEUE, RUN_TASK, STALE_AFTER_ENV, STALE_AFTER_S
 from db.engine import data_home, database_url, make_engine
 from db.repo import (
@@ -120,21 +122,46 @@ def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
     return QueueStatus(queue, live)
 
 
+MAX_QUEUED_ENV = "TORCHDECK_MAX_QUEUED_PER_OWNER"
+DEFAULT_MAX_QUEUED = 100
+
+
+def max_queued_per_owner() -> int | None:
+    """Team mode: how many queued runs one person may have (TORCHDECK_MAX_QUEUED_PER_OWNER, default 100; 0 for
+    no limit). Local mode: no limit."""
+    from app.auth import team_mode
+
+    if not team_mode():
+        return None
+    raw = os.environ.get(MAX_QUEUED_ENV, "").strip()
+    try:
+        limit = int(raw) if raw else DEFAULT_MAX_QUEUED
+    except ValueError:
+        raise ValueError(f"{MAX_QUEUED_ENV}={raw!r} is not a whole number") from None
+    return limit if limit > 0 else None
+
+
 def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,
            parent_id: str | None = None, engine: Engine | None = None) -> RunRecord:
     """Store a validated spec as a queued run and enqueue it. Invalid specs never get here:
-    RunSpec validation happens first (the form and the CLI show each field's error)."""
+    RunSpec validation happens first (the form and the CLI show each field's error). Refused here: paths the
+    run may not read (app.paths: SpecError) and, in team mode, an owner over the queued-runs limit
+    (QueueLimitReached)."""
+    from app.paths import check_paths
+
     engine = engine or get_engine()
+    check_paths(spec, engine, artifact_root())
     run = create_run(engine, spec.model_dump(mode="json"), name=name or spec.name, owner=owner, tags=tags or [],
-                     parent_id=parent_id)
+                     parent_id=parent_id, max_queued=max_queued_per_owner())
     try:
         enqueue(run.id, spec)
     except Exception as e:
         from db.repo import finish_run
 
-        finish_run(engine, run.id, "failed", error=f"could not reach the queue at {broker_url()}: {e}")
-        raise RuntimeError(f"the run was stored but the broker is unreachable ({broker_url()}): {e}. "
-                           "Is a worker stack running? Start it with `make up` or `torchdeck up`.") from e
+        where = redact(broker_url())
+        finish_run(engine, run.id, "failed", error=redact(f"could not reach the queue at {where}: {e}"))
+        raise RuntimeError(redact(f"the run was stored but the broker is unreachable ({where}): {e}. "
+                           "Is a worker stack running? Start it with `make up` or `torchdeck up`.")) from e
     return run
 
 
@@ -142,7 +169,8 @@ def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps.
     Only the run's owner or an admin may (app.auth.PermissionDenied otherwise)."""
     engine = engine or get_engine()
-    check_can_modify(by, get_run(engine, run_id), "cancel")
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "cancel", owner_label(run.owner, engine))
     return request_cancel(engine, run_id)
 
 
@@ -150,7 +178,8 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
     """Delete a finished run with its rows and its files under the artifact root. Only the run's owner or an
     admin may (app.auth.PermissionDenied otherwise)."""
     engine = engine or get_engine()
-    check_can_modify(by, get_run(engine, run_id), "delete")
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "delete", owner_label(run.owner, engine))
     uris = delete_run(engine, run_id)
     artifact_store().delete_prefix(f"runs/{run_id}")  # the run's files in the store (local folder or bucket)
     root = artifact_root()
@@ -179,6 +208,29 @@ def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> s
     except RunNotFound:
         return None
     return None
+
+
+def owner_labels(keys: Iterable[str | None], engine: Engine | None = None) -> dict[str, str]:
+    """How to show each owner: an account that signed in here by its name (and verified e-mail), never by
+    its `<issuer>#<subject>` key; any other owner (an e-mail stored before identities were keyed, a local
+    user name, a CLI user) as it is stored."""
+    from db.repo import accounts
+
+    wanted = {k for k in keys if k}
+    found = accounts(engine or get_engine(), wanted) if wanted else {}
+    labels = {}
+    for key in wanted:
+        a = found.get(key)
+        if a is None:
+            labels[key] = key
+        else:
+            labels[key] = f"{a.name} ({a.email})" if a.email and a.email.lower() != a.name.lower() else a.name
+    return labels
+
+
+def owner_label(owner: str | None, engine: Engine | None = None) -> str:
+    """One owner as owner_labels shows it ('' for none)."""
+    return owner_labels([owner], engine).get(owner, "") if owner else ""
 
 
 def latest_by_kind(artifacts: list[ArtifactRecord]) -> dict[str, ArtifactRecord]:
@@ -216,6 +268,10 @@ class ArtifactUnavailable(LookupError):
     """The artifact is registered but its bytes cannot be read from this host."""
 
 
+class ArtifactChanged(ArtifactUnavailable):
+    """The bytes behind an artifact id are not those it was registered with (sha256 or size): never served."""
+
+
 def _artifact_record(artifact_id: str, engine: Engine | None):
     from db.repo import get_artifact
 
@@ -226,8 +282,9 @@ def _artifact_record(artifact_id: str, engine: Engine | None):
 
 
 def _artifact_source(record) -> tuple[Any, str | None, Path | None]:
-    """(store, key, None) when the artifact is in the store; (None, None, path) for an older local file
-    under this installation's folders; ArtifactUnavailable otherwise. Only the database's URI decides."""
+    """(store, key, None) when the artifact is in the store; (None, None, path) for a file a run registered
+    under this host's run root; ArtifactUnavailable otherwise. Only the database's URI decides, and never
+    anything else of the data folder (it holds the database and the sign-in secrets)."""
     from urllib.parse import unquote, urlparse
 
     store = artifact_store()
@@ -237,24 +294,27 @@ def _artifact_source(record) -> tuple[Any, str | None, Path | None]:
     parsed = urlparse(record.uri)
     if parsed.scheme in ("file", ""):
         path = Path(unquote(parsed.path)).resolve()
-        roots = [artifact_root(), data_home().resolve()]
-        if any(root in path.parents for root in roots):
+        if artifact_root() in path.parents:
             return None, None, path
     raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is stored at {record.uri}, outside this "
                               f"installation's artifact store ({store.url}): it cannot be downloaded here")
 
 
 def artifact_problem(record) -> str | None:
-    """Why an artifact cannot be downloaded here (cheap: no request to an object store), or None."""
+    """Why an artifact cannot be downloaded here (cheap: no request to an object store, no hashing; a file
+    changed without changing its size is refused by the download itself), or None."""
     try:
         store, key, path = _artifact_source(record)
     except ArtifactUnavailable:
         return "not on this machine nor in this installation's artifact store"
-    if path is not None:
-        return None if path.is_file() else "file removed (a later export replaced the export folder)"
-    local = store.local_path(key)
-    if local is not None and not local.is_file():
-        return "file removed (a later export replaced the export folder)"
+    local = path if path is not None else store.local_path(key)
+    if local is None:
+        return None
+    if not local.is_file():
+        return "file removed from the artifact store"
+    size = local.stat().st_size
+    if record.size is not None and size != record.size:
+        return f"file changed since it was stored ({size} bytes, {record.size} stored): not served"
     return None
 
 
@@ -266,18 +326,29 @@ def artifact_filename(record) -> str:
 def open_artifact(artifact_id: str, engine: Engine | None = None):
     """(record, binary file) of an artifact given only its opaque id: streamed from the artifact store
     (local folder or bucket). InvalidArtifactId for anything path-like, db ArtifactNotFound for an
-    unknown id, ArtifactUnavailable when its bytes are not reachable from here. Close the file."""
+    unknown id, ArtifactUnavailable when its bytes are not reachable from here. The file hashes what it
+    serves: the read that completes it raises ArtifactChanged instead when the bytes are not the ones
+    registered (the row's sha256 and size). Close the file."""
+    from db.artifacts import VerifiedReader
+
     record = _artifact_record(artifact_id, engine)
     store, key, path = _artifact_source(record)
     try:
-        return record, (store.open(key) if store is not None else open(path, "rb"))
+        raw = store.open(key) if store is not None else open(path, "rb")  # noqa: SIM115 - the caller closes it
     except FileNotFoundError:
         raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is registered but its file is gone "
                                   f"({record.uri})") from None
 
+    def changed(why: str) -> ArtifactChanged:
+        return ArtifactChanged(f"artifact {record.id}'s file changed since it was stored: {why}; the download "
+                               f"is refused ({record.kind}, {record.uri})")
+
+    return record, VerifiedReader(raw, record.size, record.sha256, changed)
+
 
 def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:
-    """The whole artifact (Streamlit's download button needs bytes); errors as open_artifact."""
+    """The whole artifact (Streamlit's download button needs bytes), checked against its sha256 on the way:
+    ArtifactChanged when it differs; other errors as open_artifact."""
     _, f = open_artifact(artifact_id, engine)
     with f:
         return f.read()

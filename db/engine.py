@@ -32,10 +32,19 @@ _WRITE_OPTION = "torchdeck_write"
 
 
 def data_home() -> Path:
-    """The data directory (`$TORCHDECK_HOME`, default `./.torchdeck`), created if missing."""
+    """The data directory (`$TORCHDECK_HOME`, default `./.torchdeck`), created if missing, private to this
+    user (0700: it holds the database, the sign-in secrets and the uploaded datasets)."""
     home = Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _private(home, 0o700)
     return home
+
+
+def _private(path: Path, mode: int) -> None:
+    """Take group and other permissions away from a file or folder of this user's (others' are left alone)."""
+    st = path.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.getuid():
+        path.chmod(mode)
 
 
 def database_url() -> str:
@@ -70,7 +79,12 @@ def make_engine(url: str | None = None, *, echo: bool = False) -> Engine:
 
 def _sqlite_engine(sa_url: Any, echo: bool) -> Engine:
     if sa_url.database and sa_url.database != ":memory:":
-        Path(sa_url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(sa_url.database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Readable by this user only (SQLite gives its -wal and -shm files the same permissions).
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        _private(path, 0o600)
     engine = create_engine(sa_url, echo=echo)
 
     @event.listens_for(engine, "connect")

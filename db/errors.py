@@ -30,6 +30,15 @@ class RunStillActive(ValueError):
         self.run_id = run_id
 
 
+class QueueLimitReached(ValueError):
+    """An owner has as many queued runs as the deployment allows (TORCHDECK_MAX_QUEUED_PER_OWNER)."""
+
+    def __init__(self, owner: str, queued: int, limit: int) -> None:
+        super().__init__(f"{owner} has {queued} queued runs; this dashboard allows {limit} per person "
+                         "(TORCHDECK_MAX_QUEUED_PER_OWNER): wait for some to start, or cancel some")
+        self.owner, self.queued, self.limit = owner, queued, limit
+
+
 class NotOwned(RuntimeError):
     """A write on behalf of a worker that no longer owns the run (another worker claimed it, or it ended)."""
 

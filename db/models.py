@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from db.types import (
     DATASET_STATUSES,
+    EMAIL_LEN,
     EVENT_KEY_LEN,
     ID_LEN,
     KEY_LEN,
@@ -240,3 +241,15 @@ class Dataset(Base):
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+
+
+class Account(Base):
+    """An identity seen signing in (team mode): owner columns hold its key; pages show its name."""
+
+    __tablename__ = "account"
+
+    key: Mapped[str] = mapped_column(String(OWNER_LEN), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    email: Mapped[str | None] = mapped_column(String(EMAIL_LEN))  # only when the provider verified it
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -8,16 +8,20 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select
 
+from core.redact import redact, redact_data
 from db.engine import connection_scope, session_scope
 from db.errors import ArtifactNotFound, DatasetNotFound, RunNotFound
 from db.metrics import IN_CHUNK, lock_run_for_append
-from db.models import Artifact, Dataset, Event, Run, Worker
+from db.models import Account, Artifact, Dataset, Event, Run, Worker
 from db.types import (
     DATASET_STATUSES,
+    EMAIL_LEN,
     EVENT_KEY_LEN,
     EVENT_LEVELS,
     NAME_LEN,
+    OWNER_LEN,
     WORKER_ID_LEN,
+    AccountRecord,
     ArtifactRecord,
     DatasetRecord,
     EventInput,
@@ -45,8 +49,8 @@ def append_events(engine: Engine, run_id: str, events: Iterable[EventInput], *, 
             raise ValueError(problem)
         rows.append({
             "run_id": run_id, "time": event.time or now, "kind": event.kind, "level": event.level,
-            "code": event.code, "message": str(event.message),
-            "data": json_safe(event.data) if event.data is not None else None, "key": event.key,
+            "code": event.code, "message": redact(event.message),
+            "data": redact_data(json_safe(event.data)) if event.data is not None else None, "key": event.key,
         })
     with connection_scope(engine, write=True) as conn:
         lock_run_for_append(conn, run_id, worker_id)
@@ -215,15 +219,18 @@ def create_dataset(
     classes: Sequence[str] = (),
     counts: Mapping[str, int] | None = None,
     status: str = "pending",
+    owner: str | None = None,
 ) -> DatasetRecord:
     """Register an uploaded dataset. Names are unique: a second one raises ValueError."""
     _check_dataset(name, status)
+    if owner is not None and not 0 < len(owner) <= OWNER_LEN:
+        raise ValueError(f"dataset owner: 1 to {OWNER_LEN} characters")
     with session_scope(engine) as session:
         if session.execute(select(Dataset.id).where(Dataset.name == name)).first() is not None:
             raise ValueError(f"a dataset named {name!r} already exists")
         dataset = Dataset(
             id=secrets.token_hex(6), name=name, uri=uri, classes=list(classes),
-            counts=dict(counts or {}), status=status, error=None, created_at=utcnow(),
+            counts=dict(counts or {}), status=status, error=None, created_at=utcnow(), owner=owner,
         )
         session.add(dataset)
         session.flush()
@@ -288,5 +295,33 @@ def _check_dataset(name: str, status: str) -> None:
 def _dataset(d: Dataset) -> DatasetRecord:
     return DatasetRecord(
         id=d.id, name=d.name, uri=d.uri, classes=tuple(d.classes), counts=dict(d.counts),
-        status=d.status, error=d.error, created_at=d.created_at,
+        status=d.status, error=d.error, created_at=d.created_at, owner=d.owner,
     )
+
+
+def upsert_account(engine: Engine, key: str, name: str, email: str | None = None) -> AccountRecord:
+    """Record an identity seen signing in (its name and verified e-mail may change between sign-ins)."""
+    if not 0 < len(key) <= OWNER_LEN:
+        raise ValueError(f"account key: 1 to {OWNER_LEN} characters")
+    name = (name or key)[:NAME_LEN]
+    email = email[:EMAIL_LEN] if email else None
+    with session_scope(engine) as session:
+        account = session.get(Account, key)
+        if account is None:
+            account = Account(key=key, name=name, email=email, seen_at=utcnow())
+            session.add(account)
+        else:
+            account.name, account.email, account.seen_at = name, email, utcnow()
+        session.flush()
+        return AccountRecord(key=account.key, name=account.name, email=account.email, seen_at=account.seen_at)
+
+
+def accounts(engine: Engine, keys: Iterable[str]) -> dict[str, AccountRecord]:
+    """The accounts behind these owner keys (keys never seen signing in, like a CLI user's, are absent)."""
+    wanted = sorted(set(keys))
+    found: dict[str, AccountRecord] = {}
+    with session_scope(engine, write=False) as session:
+        for i in range(0, len(wanted), IN_CHUNK):
+            for a in session.execute(select(Account).where(Account.key.in_(wanted[i:i + IN_CHUNK]))).scalars():
+                found[a.key] = AccountRecord(key=a.key, name=a.name, email=a.email, seen_at=a.seen_at)
+    return found

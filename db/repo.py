@@ -9,6 +9,7 @@ from db.errors import (
     ArtifactNotFound,
     DatasetNotFound,
     NotOwned,
+    QueueLimitReached,
     RunNotFound,
     RunStillActive,
     SchemaOutOfDate,
@@ -16,6 +17,8 @@ from db.errors import (
 from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem
 from db.records import (
+    accounts,
+    upsert_account,
     add_artifact,
     append_events,
     event_problem,
@@ -47,6 +50,7 @@ from db.runs import (
 )
 from db.series import compare, epoch_anchors, iter_points, series
 from db.types import (
+    AccountRecord,
     ArtifactRecord,
     Comparison,
     DatasetRecord,
@@ -63,7 +67,7 @@ from db.types import (
 )
 
 __all__ = [
-    "ArtifactNotFound", "DatasetNotFound", "NotOwned", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
+    "ArtifactNotFound", "DatasetNotFound", "NotOwned", "QueueLimitReached", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
     "ArtifactRecord", "Comparison", "DatasetRecord", "EventInput", "EventRecord",
     "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",
     "SeriesPoint", "WorkerRecord",
@@ -74,4 +78,5 @@ __all__ = [
     "append_events", "event_problem", "list_events", "add_artifact", "get_artifact", "list_artifacts",
     "upsert_worker", "list_workers", "remove_worker",
     "create_dataset", "get_dataset", "list_datasets", "update_dataset", "delete_dataset",
+    "AccountRecord", "upsert_account", "accounts",
 ]

@@ -17,8 +17,9 @@ from sqlalchemy import Connection, Engine, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from core.names import spec_hash
+from core.redact import redact
 from db.engine import connection_scope, session_scope
-from db.errors import RunNotFound, RunStillActive
+from db.errors import QueueLimitReached, RunNotFound, RunStillActive
 from db.metrics import IN_CHUNK, lock_run_for_append, summaries
 from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
 from db.types import (
@@ -56,8 +57,10 @@ def create_run(
     owner: str = "local",
     tags: Iterable[str] = (),
     parent_id: str | None = None,
+    max_queued: int | None = None,
 ) -> RunRecord:
-    """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data."""
+    """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
+    QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
     stored_spec, digest = spec_json(spec)
     run_id = new_id()
     name = run_id if name is None else name.strip()
@@ -67,6 +70,8 @@ def create_run(
     with session_scope(engine) as session:
         if parent_id is not None and session.get(Run, parent_id) is None:
             raise RunNotFound(parent_id)
+        if max_queued is not None:
+            _check_queued(session, owner, max_queued)
         session.add(Run(
             id=run_id, name=name, owner=owner, status="queued", spec=stored_spec,
             spec_hash=digest, created_at=utcnow(), attempt=0, summary={},
@@ -75,6 +80,17 @@ def create_run(
         session.flush()  # the run row must exist before its tags reference it
         session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
     return get_run(engine, run_id)
+
+
+def _check_queued(session: Session, owner: str, limit: int) -> None:
+    """Concurrent submissions by one owner count one after the other: SQLite serialises writers, and
+    Postgres takes a per-owner transaction lock first."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"queued:{owner}"))))
+    queued = session.execute(select(func.count()).select_from(Run).where(
+        Run.owner == owner, Run.status == "queued")).scalar_one()
+    if queued >= limit:
+        raise QueueLimitReached(owner, queued, limit)
 
 
 def _check_text(field: str, value: str, limit: int) -> None:
@@ -251,7 +267,7 @@ def finish_run(
         raise ValueError(f"only_from {tuple(only_from)}: a run is finished from {_FINISHABLE} only")
     if status not in FINISHED_STATUSES:
         raise ValueError(f"status {status!r} does not finish a run; use one of {FINISHED_STATUSES}")
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": None if error is None else redact(error)}
     if summary is not None:
         values["summary"] = json_safe(summary)
     if status == "completed":

@@ -25,7 +25,8 @@ DATASET_STATUSES = ("pending", "ready", "failed")
 # Column lengths, checked before writing so that the error names the field.
 ID_LEN = 32
 NAME_LEN = 200
-OWNER_LEN = 100
+OWNER_LEN = 400  # a team identity is <issuer>#<subject>
+EMAIL_LEN = 320
 TAG_LEN = 64
 KEY_LEN = MAX_METRIC_KEY  # metric keys (core.names builds the ones made from user input)
 EVENT_KEY_LEN = 160
@@ -210,6 +211,18 @@ class DatasetRecord:
     status: str
     error: str | None
     created_at: datetime
+    owner: str | None = None  # None: uploaded before datasets had owners (only an admin may delete it)
+
+
+@dataclass(frozen=True)
+class AccountRecord:
+    """An identity seen signing in: its key (what owner columns hold), the name to show, and the
+    e-mail only when the identity provider verified it."""
+
+    key: str
+    name: str
+    email: str | None
+    seen_at: datetime
 
 
 def stored_float(value: float | None) -> float:

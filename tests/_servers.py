@@ -184,3 +184,26 @@ def postgres_server(*, durable: bool = False) -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+def start_redis(folder: Path, *, password: str | None = None, timeout_s: float = 60) -> tuple[subprocess.Popen, int]:
+    """A real redis-server on a free port of 127.0.0.1 (nothing persisted), once it answers PING."""
+    import time
+
+    import redis
+
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server not found on PATH (apt-get install redis-server)"
+    port = free_port()
+    auth = ["--requirepass", password] if password else []
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", *auth, "--dir", str(folder),
+                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=password)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.ping()
+            return proc, port
+        except redis.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, f"redis-server did not start within {timeout_s:.0f} s"
+            time.sleep(0.05)

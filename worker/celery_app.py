@@ -9,6 +9,7 @@ from __future__ import annotations
 from celery import Celery
 
 from core.names import CPU_QUEUE
+from core.redact import redact_logs
 from worker.settings import WorkerSettings
 
 
@@ -43,4 +44,5 @@ def make_app(settings: WorkerSettings | None = None) -> Celery:
     return app
 
 
+redact_logs()  # every worker process: no password of a URL in its log lines
 app = make_app()

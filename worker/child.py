@@ -13,6 +13,7 @@ import traceback
 
 from core.names import CHECKPOINT_FILES, SYS_CPU, SYS_HOST_CPU, SYS_RSS, gpu_key
 from core.process import die_with_parent
+from core.redact import redact_logs
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.child")
@@ -144,6 +145,7 @@ def spare_main(conn, pulse=None) -> None:
     The worker keeps one such spare ready, so a new run starts in about a second instead of
     paying torch's import; each process still serves exactly one run and exits."""
     die_with_parent()
+    redact_logs()
     start_pulse(pulse)
     import core.train  # noqa: F401 - the point: torch, torchvision and core imported before the run arrives
     import worker.sink  # noqa: F401

@@ -15,10 +15,15 @@ K = frame.page_state("cmp")
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
 # Points per run and chart: 20 overlaid runs × 500 points already exceed a chart's pixel columns.
 MAX_POINTS = 500
+MAX_RUNS = 20  # runs compared at once (the URL may name more: the first ones are taken)
 
 
 def choose_runs() -> list[str]:
-    wanted = [i for i in (st.query_params.get("ids") or "").split(",") if i]
+    named = list(dict.fromkeys(i for i in (st.query_params.get("ids") or "").split(",")[:10 * MAX_RUNS] if i))
+    if len(named) > MAX_RUNS:
+        st.warning(f"Compare shows at most {MAX_RUNS} runs at once: the first {MAX_RUNS} of the {len(named)} named "
+                   "are shown.", icon=":material/filter_list:")
+    wanted = named[:MAX_RUNS]
     if st.session_state.get(K("seeded")) != wanted:
         st.session_state[K("seeded")] = wanted
         st.session_state[K("ids")] = wanted
@@ -28,7 +33,7 @@ def choose_runs() -> list[str]:
             recent[run_id] = r
     st.session_state[K("ids")] = [i for i in st.session_state.get(K("ids"), []) if i in recent]
     ids = st.multiselect("Runs", list(recent), key=K("ids"), format_func=lambda i: f.run_label(recent[i]),
-                         placeholder="choose runs to compare…")
+                         placeholder="choose runs to compare…", max_selections=MAX_RUNS)
     if ids != wanted:
         st.query_params["ids"] = ",".join(ids)
         st.session_state[K("seeded")] = ids

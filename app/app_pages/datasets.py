@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import charts
+from app import auth, charts, services
 from app import datasets as ds
+from app import fmt as f
 from app.ui import frame, queries
 
 K = frame.page_state("ds")
@@ -29,20 +30,20 @@ def upload_form() -> None:
         return
     with st.spinner("Checking and extracting…"):
         try:
-            record = ds.store_upload(queries.engine(), name, upload, upload.size)
+            record = ds.store_upload(queries.engine(), name, upload, upload.size, owner=auth.current_user().id)
         except ds.UploadRefused as e:
-            st.error(f"Upload refused: {e}", icon=":material/block:")
+            st.error(f"Upload refused: {f.md_text(e)}", icon=":material/block:")  # it names the zip's files
             return
     queries.clear()
     st.session_state[K("pick")] = record.name
     total = sum(record.counts.values())
-    st.success(f"Stored {record.name}: {total} images in {len(record.classes)} classes. Runs use it as "
-               f"data.name=imagefolder, data.path={record.uri}", icon=":material/check_circle:")
+    st.success(f"Stored {f.md_text(record.name)}: {total} images in {len(record.classes)} classes. Runs use it as "
+               f"data.name=imagefolder, data.path={f.code_span(record.uri)}", icon=":material/check_circle:")
 
 
 def preview(record) -> None:
     folder = Path(record.uri)
-    st.markdown(f"**{record.name}** · `{record.uri}` · {sum(record.counts.values())} images · "
+    st.markdown(f"**{f.md_text(record.name)}** · {f.code_span(record.uri)} · {sum(record.counts.values())} images · "
                 f"{len(record.classes)} classes")
     left, right = st.columns([1, 1])
     counts = dict(sorted(record.counts.items()))
@@ -54,12 +55,20 @@ def preview(record) -> None:
             st.caption("The stored folder is not on this machine.")
         cols = st.columns(4)
         for i, (cls, path) in enumerate(files[:24]):
-            cols[i % 4].image(str(path), caption=cls, width="stretch")
+            cols[i % 4].image(str(path), caption=f.md_text(cls), width="stretch")  # a caption renders Markdown
     st.code(f"data:\n  name: imagefolder\n  path: {record.uri}", language="yaml")
+    user = auth.current_user()
+    if not auth.can_modify(user, record):
+        st.caption("Only its owner or an admin may delete this dataset.")
+        return
     with st.popover("Delete this dataset", icon=":material/delete:"):
-        st.warning(f"Delete {record.name} and its stored images? Runs that use it will fail to load it.")
+        st.warning(f"Delete {f.md_text(record.name)} and its stored images? Runs that use it will fail to load it.")
         if st.button("Delete permanently", type="primary", key=K(f"del.{record.id}")):
-            ds.remove(queries.engine(), record.id)
+            try:
+                ds.remove(queries.engine(), record.id, by=user)
+            except auth.PermissionDenied as e:
+                st.error(f.md_text(e), icon=":material/block:")
+                return
             queries.clear()
             st.rerun()
 
@@ -72,8 +81,10 @@ def main() -> None:
     if not records:
         st.caption("No uploaded datasets yet.")
     else:
+        owners = services.owner_labels((d.owner for d in records), engine=queries.engine())
         df = pd.DataFrame([{"name": d.name, "status": d.status, "classes": len(d.classes),
-                            "images": sum(d.counts.values()), "created": d.created_at, "folder": d.uri,
+                            "images": sum(d.counts.values()), "owner": owners.get(d.owner, ""), "created": d.created_at,
+                            "folder": d.uri,
                             "error": d.error or ""} for d in records])
         st.dataframe(df, hide_index=True, width="stretch")
         names = [d.name for d in records]

@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth, services
+from app import fmt as f
 from app import jobs
 from app.schema import errors_by_field, validate
 from app.ui import frame, queries, run_view, spec_form
@@ -19,6 +20,7 @@ NO_DATASET = "— none (use data.name / data.path) —"
 
 
 def load_into_form(spec: dict, source: str, parent: str | None = None) -> None:
+    """`source` says, in Markdown, where the form's values came from (a user's names in it escaped)."""
     spec_form.fill(spec)
     st.session_state[K("source")] = source
     st.session_state[K("parent")] = parent  # only a clone links the new run to another
@@ -39,7 +41,7 @@ def presets_bar() -> None:
             spec = RunSpec.from_yaml((PRESETS / f"{choice}.yaml").read_text())
             load_into_form(spec.model_dump(mode="json"), f"preset {choice}")
         except SpecError as e:
-            st.error(str(e))
+            st.error(f.md_text(e, multiline=True))
     upload = right.file_uploader("Fill from a YAML spec", type=["yaml", "yml"], key=K("upload"))
     if upload is not None and st.session_state.get(K("upload_id")) != upload.file_id:
         st.session_state[K("upload_id")] = upload.file_id
@@ -49,9 +51,10 @@ def presets_bar() -> None:
             st.session_state[K("upload_errors")] = e.errors
         else:
             st.session_state.pop(K("upload_errors"), None)
-            load_into_form(spec.model_dump(mode="json"), f"file {upload.name}")
+            load_into_form(spec.model_dump(mode="json"), f"file {f.md_text(upload.name)}")
     for loc, msg in st.session_state.get(K("upload_errors"), []):
-        st.error(f"{upload.name if upload else 'YAML'} — {loc}: {msg}", icon=":material/error:")
+        where = f.md_text(upload.name) if upload else "YAML"  # the file's name and keys, the value it gave: text
+        st.error(f"{where} — {f.md_text(loc)}: {f.md_text(msg, multiline=True)}", icon=":material/error:")
 
 
 def clone_from_query() -> None:
@@ -63,11 +66,11 @@ def clone_from_query() -> None:
     del st.query_params["clone"]
     r = queries.run(run_id)
     if r is None:
-        st.warning(f"no run {run_id!r} to clone")
+        st.warning(f"no run {f.md_text(repr(run_id))} to clone")
         return
     spec = dict(r.spec)
     spec["name"] = f"{r.name} (clone)"[:200]
-    load_into_form(spec, f"clone of {r.name} ({r.id})", parent=r.id)
+    load_into_form(spec, f"clone of {f.md_text(r.name)} ({f.md_text(r.id)})", parent=r.id)
     st.session_state[K("tags")] = ", ".join(r.tags)
 
 
@@ -101,7 +104,7 @@ def launch(spec: RunSpec) -> None:
         r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
                             engine=queries.engine())
     except (RuntimeError, ValueError) as e:
-        st.error(str(e), icon=":material/error:")
+        st.error(f.md_text(e, multiline=True), icon=":material/error:")
         return
     queries.clear()
     forget_form()
@@ -125,12 +128,12 @@ def preflight_panel() -> None:
             st.success(f"Shape check passed: input {s['input_shape']} → output {s['output_shape']} "
                        f"({s['num_classes']} classes)", icon=":material/check_circle:")
         else:
-            st.error(result.get("error", "pre-flight failed"), icon=":material/error:")
+            st.error(f.md_text(result.get("error", "pre-flight failed"), multiline=True), icon=":material/error:")
         if result.get("data"):
             d, m = result["data"], result.get("model", {})
-            st.caption(f"data {d['name']}: {d['train']} train / {d['val']} val, {len(d['classes'])} classes, "
+            st.caption(f"data {f.md_text(d['name'])}: {d['train']} train / {d['val']} val, {len(d['classes'])} classes, "
                        f"{d['channels']}×{d['image_size']}×{d['image_size']}"
-                       + (f" · model {m['name']}: {m['parameters']:,} parameters" if m else ""))
+                       + (f" · model {f.md_text(m['name'])}: {m['parameters']:,} parameters" if m else ""))
         if result.get("grid"):
             st.image(result["grid"], caption="Training samples with their labels: check they match")
 
@@ -140,7 +143,7 @@ def main() -> None:
     if spec_form.ensure_defaults():
         forget_form()
     if auth.team_mode():
-        st.session_state[K("owner")] = auth.current_user().id  # shown, not editable
+        st.session_state[K("owner")] = auth.current_user().describe()  # shown, not editable (not the key)
     else:
         st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
     st.session_state.setdefault(K("tags"), "")
@@ -172,7 +175,7 @@ def main() -> None:
     if validate_clicked or preflight_clicked or launch_clicked:
         spec_form.show_errors(slots, by_field)
         if general:
-            general_slot.error("\n\n".join(general), icon=":material/error:")
+            general_slot.error("\n\n".join(f.md_text(g, multiline=True) for g in general), icon=":material/error:")
         if spec is None:
             n = sum(len(v) for v in by_field.values()) + len(general)
             st.error(f"The spec has {n} problem(s): see the messages beside the fields.", icon=":material/error:")

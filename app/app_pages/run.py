@@ -30,12 +30,13 @@ def pick_run() -> None:
 
 
 def header(r) -> None:
-    st.title(r.name)
-    bits = [f"id `{r.id}`", f"owner {r.owner}", f"created {r.created_at:%Y-%m-%d %H:%M}"]
+    st.title(f.md_text(r.name))  # a name, an owner, a tag: shown as their text, never as Markdown
+    bits = [f"id {f.code_span(r.id)}", f"owner {f.md_text(services.owner_label(r.owner, queries.engine()))}",
+            f"created {r.created_at:%Y-%m-%d %H:%M}"]
     if r.parent_id:
-        bits.append(f"parent `{r.parent_id}`")
+        bits.append(f"parent {f.code_span(r.parent_id)}")
     if r.tags:
-        bits.append("tags " + ", ".join(f"`{t}`" for t in r.tags))
+        bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
 
 
@@ -44,13 +45,13 @@ def buttons(r) -> None:
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [6 - len(wanted)])[:len(wanted)], strict=True))
     user = auth.current_user()
     mine = auth.can_modify(user, r)  # cancel: owner or admin only (the service refuses the others too)
+    why = None if mine else f"only {f.md_text(services.owner_label(r.owner, queries.engine()))} or an admin may cancel it"
     if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
-                                                  disabled=not mine,
-                                                  help=None if mine else f"only {r.owner} or an admin may cancel it"):
+                                                  disabled=not mine, help=why):
         try:
             services.cancel(r.id, engine=queries.engine(), by=user)
         except auth.PermissionDenied as e:
-            st.error(str(e), icon=":material/lock:")
+            st.error(f.md_text(e), icon=":material/lock:")
         else:
             queries.clear()
             st.rerun()
@@ -60,7 +61,7 @@ def buttons(r) -> None:
         try:
             new = services.rerun(r.id, owner=user.id, engine=queries.engine())
         except (RuntimeError, ValueError) as e:
-            st.error(str(e))
+            st.error(f.md_text(e, multiline=True))
         else:
             queries.clear()
             frame.open_run(new.id)
@@ -122,7 +123,7 @@ def main() -> None:
         return
     r = queries.run(run_id, fresh=True)
     if r is None:
-        st.error(f"No run {run_id!r}: it may have been deleted.", icon=":material/error:")
+        st.error(f"No run {f.md_text(repr(run_id))}: it may have been deleted.", icon=":material/error:")
         st.page_link(frame.RUNS, label="All runs", icon=":material/table_rows:")
         return
     active = not r.finished

@@ -27,10 +27,12 @@ def show_flash() -> None:
 
 def filters() -> dict:
     owners, tags = queries.owners_and_tags()
+    labels = services.owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
     a, b, c, d, e, g = st.columns([2, 1.2, 1.2, 2, 1.3, 0.8], vertical_alignment="bottom")
     status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status")
     tag = b.selectbox("Tag", tags, index=None, key=K("tag"), placeholder="any tag")
-    owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone")
+    owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone",
+                        format_func=lambda key: labels.get(key, key))
     text = d.text_input("Search", key=K("text"), placeholder="name or id…")
     sort = e.selectbox("Sort by", list(SORTS), key=K("sort"))
     descending = g.toggle("Desc.", value=True, key=K("desc"))
@@ -39,9 +41,10 @@ def filters() -> dict:
 
 
 def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
+    owners = services.owner_labels((r.owner for r in runs), engine=queries.engine())
     return pd.DataFrame([{
         "name": r.name, "status": f.status_label(r.status), "progress": r.progress or 0.0, "best": f.best_text(r),
-        "owner": r.owner, "worker": r.worker_id or "", "duration": f.seconds(f.duration_s(r)),
+        "owner": owners.get(r.owner, r.owner), "worker": r.worker_id or "", "duration": f.seconds(f.duration_s(r)),
         "tags": list(r.tags), "created": r.created_at, "open": f"run?id={r.id}", "id": r.id,
     } for r in runs], columns=["name", "status", "progress", "best", "owner", "worker", "duration", "tags",
                                "created", "open", "id"])
@@ -85,7 +88,7 @@ def action_bar(selected: list[RunRecord]) -> None:
                 services.cancel(r.id, engine=queries.engine(), by=user)
                 done += 1
             except auth.PermissionDenied as e:  # an admin list changed since the page was drawn
-                flash(str(e), "error")
+                flash(f.md_text(e), "error")
         queries.clear()
         flash(f"cancel requested for {done} run(s)")
         st.rerun()
@@ -95,7 +98,7 @@ def action_bar(selected: list[RunRecord]) -> None:
         st.switch_page(frame.NEW, query_params={"clone": ids[0]})
     if cols[4].button("Delete", disabled=n == 0 or len(mine) < n, icon=":material/delete:", key=K("delete"),
                       width="stretch", help=others):
-        st.session_state[K("confirm")] = ids
+        st.session_state[K("confirm")] = {r.id: f.run_label(r) for r in selected}  # id → what to call it
         st.rerun()  # the confirmation lives outside this fragment
     if cols[5].button("Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"):
         st.switch_page(frame.COMPARE, query_params={"ids": ",".join(ids)})
@@ -105,7 +108,7 @@ def rerun(selected: list[RunRecord]) -> None:
     try:
         new = [services.rerun(r.id, owner=auth.current_user().id, engine=queries.engine()) for r in selected]
     except (RuntimeError, ValueError) as e:
-        flash(str(e), "error")
+        flash(f.md_text(e, multiline=True), "error")
     else:
         flash(f"queued {len(new)} new run(s): {', '.join(r.id for r in new)}")
     queries.clear()
@@ -117,7 +120,8 @@ def confirm_delete() -> None:
     if not ids:
         return
     with st.container(border=True):
-        st.warning(f"Delete {len(ids)} run(s) — {', '.join(ids)} — with their metrics, events and artifact files? "
+        named = ", ".join(f.md_text(label) for label in ids.values())  # names as their text, never Markdown
+        st.warning(f"Delete {len(ids)} run(s) — {named} — with their metrics, events and artifact files? "
                    "This cannot be undone.", icon=":material/warning:")
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
@@ -127,7 +131,7 @@ def confirm_delete() -> None:
             queries.clear()
             flash(f"deleted {len(ids) - len(refused)} run(s)")
             for msg in refused:
-                flash(msg, "error")
+                flash(f.md_text(msg), "error")
             st.rerun()
         if b.button("Keep", key=K("confirm_no")):
             st.session_state.pop(K("confirm"))

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import fmt as f
+from app import services
 from app.ui import frame, queries
 from core.names import queue_for
 from db.types import RunRecord, WorkerRecord
@@ -41,12 +42,13 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
 def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
     """Position in its own queue (cpu or gpu): the order a worker of that queue takes them."""
     seen: dict[str, int] = {}
+    owners = services.owner_labels((r.owner for r in queued), engine=queries.engine())
     rows = []
     for r in queued:
         queue = queue_for(r.spec.get("device"))
         seen[queue] = seen.get(queue, 0) + 1
         rows.append({"position": seen[queue], "queue": queue, "run": r.name, "status": f.status_label(r.status),
-                     "owner": r.owner, "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})
+                     "owner": owners.get(r.owner, r.owner), "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})
     return pd.DataFrame(rows)
 
 

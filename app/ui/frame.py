@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import services
+from app.fmt import code_span
 from app.ui import queries
 from core.names import CLAIMABLE_STATUSES
 from db.migrate import check_schema
@@ -52,8 +53,8 @@ def sidebar() -> None:
             running, queued = _active_counts(queries.db_url())
             st.caption(f"{running} running · {queued} queued")
         url = queries.db_url()
-        st.caption(f"database: `{url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]}`")
-        st.caption(f"broker: `{services.broker_url().split('@')[-1]}`")
+        st.caption(f"database: {code_span(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1])}")
+        st.caption(f"broker: {code_span(services.broker_url().split('@')[-1])}")
 
 
 def open_run(run_id: str) -> None:

@@ -3,11 +3,13 @@ Each takes a RunRecord and draws; the page decides which of them refresh live.""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pandas as pd
 import streamlit as st
 
 from app import services
-from app import charts, jobs
+from app import auth, charts, jobs
 from app import fmt as f
 from app.ui import frame, queries
 from core.config import RunSpec
@@ -31,18 +33,39 @@ ARTIFACT_LABELS = {
 
 
 class EventLog:
-    """A run's events held in session state; each refresh asks only for events after the last id."""
+    """What the Run page shows of a run's events, held in session state and extended with only the events
+    after the last id seen: the latest evaluation, the findings (diagnosis, errors; at most FINDINGS) and
+    the RECENT last events. Older events stay in the database, never in every viewer's memory."""
+
+    RECENT, FINDINGS = 500, 200
+    PAGE = 2000  # events read per query; a run with more is read page by page, so the newest are shown
 
     def __init__(self) -> None:
-        self.events: list[EventRecord] = []
+        self.after = 0
+        self.recent: deque[EventRecord] = deque(maxlen=self.RECENT)
+        self.findings: list[EventRecord] = []
+        self.evaluation: EventRecord | None = None
 
     @classmethod
     def of(cls, run_id: str) -> list[EventRecord]:
-        k = f"run.events.{run_id}"
-        log = st.session_state.setdefault(k, cls())
-        after = log.events[-1].id if log.events else 0
-        log.events.extend(queries.events(run_id, after_id=after))
-        return log.events
+        log = st.session_state.setdefault(f"run.events.{run_id}", cls())
+        while True:
+            page = queries.events(run_id, after_id=log.after, limit=cls.PAGE)
+            for e in page:
+                log.after = e.id
+                if e.kind == "evaluation" and (e.data or {}).get("per_class_acc") is not None:
+                    log.evaluation = e
+                elif _finding(e) and len(log.findings) < cls.FINDINGS:
+                    log.findings.append(e)
+                log.recent.append(e)
+            if len(page) < cls.PAGE:
+                break
+        kept = [*log.findings, *([log.evaluation] if log.evaluation else []), *log.recent]
+        return sorted({e.id: e for e in kept}.values(), key=lambda e: e.id)
+
+
+def _finding(e: EventRecord) -> bool:
+    return e.kind == "diagnosis" or (e.kind == "lifecycle" and e.level == "error")
 
 
 def status_panel(r: RunRecord) -> None:
@@ -54,34 +77,34 @@ def status_panel(r: RunRecord) -> None:
                + (f" · ETA {f.seconds(eta)}" if eta is not None else ""))
     metric, value = f.best(r)
     best_epoch = ((r.summary or {}).get("best") or {}).get("epoch")
-    c.metric(f"best {metric}" if metric else "best", f"{value:.4f}" if value is not None else "–",
+    c.metric(f"best {f.md_text(metric)}" if metric else "best", f"{value:.4f}" if value is not None else "–",
              help=f"at epoch {best_epoch}" if best_epoch else None)
-    d.caption(f"worker `{r.worker_id or '–'}`  \ndevice `{r.device or '–'}` · attempt {r.attempt}")
+    d.caption(f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}")
     if r.status == "queued":
         waiting_for(services.spec_of(r).resource)
     if r.degraded:
-        st.warning(f"Incomplete record: {r.degraded}", icon=":material/database_off:")
+        st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
     if r.status == "lost":
         st.warning("The worker running this run stopped heartbeating; it will be re-queued and resume from its last "
                    "checkpoint.", icon=":material/heart_broken:")
     if r.cancel_requested and not r.finished:
         st.info("Cancel requested: the run stops after its current step.", icon=":material/stop_circle:")
     if r.error:
-        st.error(r.error, icon=":material/error:")
+        st.error(f.md_text(r.error, multiline=True), icon=":material/error:")  # its text, never Markdown
 
 
 def waiting_for(queue: str) -> None:
     """Which live workers would take a run from `queue`, or that none would and how to fix it."""
     status = services.queue_status(queue, engine=queries.engine())
     text = status.message()
-    if status.served:
-        st.info(text[0].upper() + text[1:], icon=":material/hourglass_top:")
+    if status.served:  # it names the workers and their hosts: as text
+        st.info(f.md_text(text[0].upper() + text[1:]), icon=":material/hourglass_top:")
     else:
         st.warning(text[0].upper() + text[1:], icon=":material/hourglass_disabled:")
 
 
 def diagnosis_panel(events: list[EventRecord]) -> None:
-    found = [e for e in events if e.kind == "diagnosis" or (e.kind == "lifecycle" and e.level == "error")]
+    found = [e for e in events if _finding(e)]
     if not found:
         st.success("No problems found so far: loss finite, gradients in range, no data bottleneck.",
                    icon=":material/health_and_safety:")
@@ -90,24 +113,29 @@ def diagnosis_panel(events: list[EventRecord]) -> None:
         data = e.data or {}
         show = st.error if e.level == "error" else st.warning
         advice = data.get("advice")
-        show(f"**{e.code or data.get('code') or e.kind}** — {e.message}" + (f"\n\n**What to do:** {advice}" if advice else ""),
-             icon=":material/troubleshoot:")
+        code = f.md_text(e.code or data.get("code") or e.kind)  # what a run wrote is shown as text
+        show(f"**{code}** — {f.md_text(e.message, multiline=True)}"
+             + (f"\n\n**What to do:** {f.md_text(advice, multiline=True)}" if advice else ""), icon=":material/troubleshoot:")
         if data.get("traceback"):
             with st.expander("traceback"):
                 st.code(data["traceback"], language="text")
 
 
 def evaluation_panel(r: RunRecord, events: list[EventRecord]) -> None:
-    evals = [e for e in events if e.kind == "evaluation" and (e.data or {}).get("confusion")]
+    evals = [e for e in events if e.kind == "evaluation" and (e.data or {}).get("per_class_acc") is not None]
     if not evals:
         st.caption("The confusion matrix and per-class accuracy appear after the first validation epoch.")
         return
     last = evals[-1].data
-    names = last.get("class_names") or [str(i) for i in range(len(last["confusion"]))]
-    st.caption(f"After epoch {last.get('epoch', '?')} of {len(evals)} evaluated.")
+    names = last.get("class_names") or [str(i) for i in range(len(last["per_class_acc"]))]
+    st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.")
     left, right = st.columns(2)
-    left.plotly_chart(charts.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
-                      key=f"run.cm.{r.id}", config={"displaylogo": False})
+    if last.get("confusion"):
+        left.plotly_chart(charts.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
+                          key=f"run.cm.{r.id}", config={"displaylogo": False})
+    else:  # many classes: the most confused pairs instead of a matrix nobody could read
+        pairs = last.get("top_confusions") or []
+        left.dataframe(pd.DataFrame(pairs, columns=["true", "predicted", "count"]), hide_index=True)
     right.plotly_chart(charts.bar_figure("Per-class accuracy (validation)", names, last.get("per_class_acc", []),
                                          y_title="accuracy", uirevision=f"{r.id}:pc", percent=True),
                        key=f"run.pc.{r.id}", config={"displaylogo": False})
@@ -152,7 +180,8 @@ def _report_row(kind: str, meta: dict) -> dict:
 
 
 def artifacts_panel(r: RunRecord) -> None:
-    arts = services.latest_by_kind(queries.artifacts(r.id))
+    every = queries.artifacts(r.id)
+    arts = services.latest_by_kind(every)
     rows = [a for kind, a in arts.items() if kind != SAMPLE_GRID]
     if not rows:
         st.caption("No files yet: checkpoints appear after the first epoch, exports at the end.")
@@ -160,18 +189,33 @@ def artifacts_panel(r: RunRecord) -> None:
         problem = services.artifact_problem(a)
         left, right = st.columns([3, 1], vertical_alignment="center")
         with left:
-            st.markdown(f"**{ARTIFACT_LABELS.get(a.kind, a.kind)}** · {f.size(a.size)}"
-                        + (f" · sha256 `{a.sha256[:12]}`" if a.sha256 else ""))
+            st.markdown(f"**{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))}** · {f.size(a.size)}"
+                        + (f" · sha256 {f.code_span(a.sha256[:12])}" if a.sha256 else ""))
             st.page_link(frame.ARTIFACT, label="Shareable link", query_params={"id": a.id}, icon=":material/link:")
             if a.kind in EXPORT_FORMATS and a.meta:
                 st.dataframe(pd.DataFrame([_report_row(a.kind, dict(a.meta))]), hide_index=True, width="stretch")
         if problem is not None:
-            right.caption(problem)
+            right.caption(f.md_text(problem))
         else:  # by opaque artifact id only: the service streams it from the artifact store
             right.download_button("Download", _reader(a.id), file_name=services.artifact_filename(a),
                                   key=f"run.dl.{a.id}", icon=":material/download:", width="stretch")
+    earlier_files(every, arts)
     st.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
                        mime="text/csv", icon=":material/table_view:", key=f"run.csv.{r.id}")
+
+
+def earlier_files(every: list, latest: dict) -> None:
+    """Files a later export (or checkpoint) superseded on the list above: they keep their bytes and their
+    links, newest first."""
+    newest = {a.id for a in latest.values()}
+    older = [a for a in reversed(every) if a.id not in newest and a.kind != SAMPLE_GRID]
+    if not older:
+        return
+    with st.expander(f"Earlier files ({len(older)}): unchanged, still downloadable", icon=":material/history:"):
+        for a in older:
+            st.page_link(frame.ARTIFACT, query_params={"id": a.id}, icon=":material/link:",
+                         label=f"{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))} · {a.created_at:%Y-%m-%d %H:%M:%S} · "
+                               f"{f.size(a.size)}" + (f" · sha256 {f.md_text(a.sha256[:12])}" if a.sha256 else ""))
 
 
 def _reader(artifact_id: str):
@@ -179,8 +223,15 @@ def _reader(artifact_id: str):
 
 
 def export_panel(r: RunRecord) -> None:
-    """'Export now' for a finished run: runs `torchdeck export` in a subprocess (torch stays out of the UI)."""
+    """'Export now' for a finished run, asked of a jobs worker (torch stays out of the UI). Only the run's owner
+    or an admin may (jobs.export_now refuses the others; here the form is left out for them, with why)."""
     if r.status not in (*SUCCESS_STATUSES, "cancelled"):
+        return
+    user = auth.current_user()
+    if not auth.can_modify(user, r):
+        owner = f.md_text(services.owner_label(r.owner, queries.engine()) or "its owner")
+        st.caption(f":material/lock: **Export now** is for {owner} or an admin: it adds files to the run. "
+                   "Its files above stay downloadable by everyone; clone the run to make your own.")
         return
     exported = [k for k in services.latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
     with st.form(f"run.export.{r.id}", border=True):
@@ -188,13 +239,17 @@ def export_panel(r: RunRecord) -> None:
         a, b = st.columns([3, 1])
         formats = a.multiselect("Formats", list(EXPORT_FORMATS), default=exported or ["onnx"],
                                 key=f"run.export_fmt.{r.id}",
-                                help="The export folder is written anew: formats left out are removed from it.")
+                                help="Each export is written to a new folder and registered as new files: "
+                                     "earlier exports never change and stay downloadable (Earlier files).")
         ck = b.selectbox("Checkpoint", ["best", "last"], key=f"run.export_ck.{r.id}")
         go = st.form_submit_button("Export now", icon=":material/deployed_code:")
     done_key = f"run.export_done.{r.id}"
     if go:
         with st.spinner("Exporting and verifying parity in a separate process…"):
-            st.session_state[done_key] = jobs.export_now(r.id, formats, ck)
+            try:
+                st.session_state[done_key] = jobs.export_now(r.id, formats, ck, by=user, engine=queries.engine())
+            except auth.PermissionDenied as e:  # rights changed since the page was drawn
+                st.session_state[done_key] = (False, str(e))
         queries.clear()
         st.rerun()  # the list above shows the new files
     if done_key in st.session_state:

@@ -11,6 +11,7 @@ from typing import Any
 
 import streamlit as st
 
+from app.fmt import md_text
 from app.schema import FIELDS, GROUPS, FormField, flatten, set_path
 
 PREFIX = "nr.f."
@@ -154,4 +155,4 @@ def show_errors(slots: dict[str, Any], by_field: dict[str, list[str]]) -> None:
     for path, messages in by_field.items():
         slot = slots.get(path)
         if slot is not None:
-            slot.error("; ".join(messages), icon=":material/error:")
+            slot.error("; ".join(md_text(m) for m in messages), icon=":material/error:")  # they quote the input

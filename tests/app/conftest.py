@@ -4,7 +4,6 @@ tmp_path (migrated with Alembic like a user's), runs seeded through db.repo, and
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -18,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from seeding import free_port
 from streamlit.testing.v1 import AppTest
 
 from db.engine import make_engine
 from db.migrate import upgrade
+from tests._servers import start_redis
 
 MAIN = ROOT / "app" / "main.py"
 
@@ -30,22 +29,7 @@ MAIN = ROOT / "app" / "main.py"
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis server for the whole session; each test that uses it gets an empty db 0."""
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server not found on PATH (apt-get install redis-server)"
-    port, folder = free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start within 60 s"
-            time.sleep(0.05)
+    proc, port = start_redis(tmp_path_factory.mktemp("redis"))
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import stat
 import tomllib
 
+from types import SimpleNamespace
+
 import pytest
 from seeding import seed_run
 from streamlit.testing.v1 import AppTest
@@ -15,6 +17,7 @@ from app import auth, services
 from db import repo
 
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
+ISS = "https://sso.example.com/realms/lab"
 OIDC = {env: f"value-of-{key}" for key, env in auth.OIDC_ENV.items()}
 
 
@@ -22,10 +25,18 @@ OIDC = {env: f"value-of-{key}" for key, env in auth.OIDC_ENV.items()}
 def team(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(auth.MODE_ENV, "team")
     monkeypatch.setenv(auth.ADMINS_ENV, f" {ADMIN.upper()} , other-admin@example.com")
+    for env in (*auth.ALLOW_ENVS, auth.GROUPS_CLAIM_ENV, auth.ISSUER_ENV, auth.OIDC_ENV["server_metadata_url"]):
+        monkeypatch.delenv(env, raising=False)
 
 
-def user(email: str) -> auth.User:
-    u = auth.user_from_claims({"is_logged_in": True, "email": email, "name": email.split("@")[0].title()})
+def claims(email: str, **more) -> dict:
+    """What a provider's ID token says of someone whose e-mail it verified (the subject: a stable id)."""
+    return {"iss": ISS, "sub": f"id-{email.lower()}", "email": email, "email_verified": True,
+            "name": email.split("@")[0].title(), **more}
+
+
+def user(email: str, **more) -> auth.User:
+    u = auth.user_from_claims({"is_logged_in": True, **claims(email, **more)})
     assert u is not None
     return u
 
@@ -45,11 +56,104 @@ def test_owner_and_admins_may_modify_others_may_not(team, engine):
 def test_identity_from_the_providers_claims(team):
     assert auth.user_from_claims({"is_logged_in": False, "email": ANA}) is None
     assert auth.user_from_claims({}) is None
-    entra = auth.user_from_claims({"is_logged_in": True, "preferred_username": "Ana@Corp.example", "name": "Ana"})
-    assert entra == auth.User(id="ana@corp.example", name="Ana", is_admin=False)
-    # An address the provider has not verified is not trusted: claiming the admin's gives nothing.
-    forged = auth.user_from_claims({"is_logged_in": True, "email": ADMIN, "email_verified": False, "sub": "x1"})
-    assert forged is not None and forged.id == "x1" and not forged.is_admin
+    assert auth.user_from_claims({"is_logged_in": True, "iss": ISS, "email": ANA, "email_verified": True}) is None
+    ana = user(ANA)
+    assert ana == auth.User(id=f"{ISS}#id-{ANA}", name="Ana", email=ANA)
+    entra = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "00u1", "preferred_username": "Ana@Corp"})
+    assert entra == auth.User(id=f"{ISS}#00u1", name="Ana@Corp")  # a display name, nothing more
+    # The display name: `name`, else the verified e-mail, else preferred_username.
+    assert auth.user_from_claims({**claims(ANA), "is_logged_in": True, "name": None}).name == ANA
+    mail_unverified = {"is_logged_in": True, "iss": ISS, "sub": "7", "email": ANA, "preferred_username": "ana"}
+    assert auth.user_from_claims(mail_unverified).name == "ana"
+
+
+def test_a_chosen_username_or_unverified_address_is_nobodys_identity(team, monkeypatch, engine):
+    """preferred_username and an unverified e-mail are whatever the person typed at the provider."""
+    monkeypatch.setenv(auth.ADMINS_ENV, "boss@corp.com")
+    monkeypatch.setenv(auth.ALLOWED_USERS_ENV, "boss@corp.com")
+    bosses_run = seed_run(engine, "boss", owner="boss@corp.com", status="queued")  # stored as an e-mail
+    forged = [{"preferred_username": "boss@corp.com", "email_verified": False},
+              {"preferred_username": "boss@corp.com", "email": "boss@corp.com", "email_verified": False},
+              {"email": "boss@corp.com"},  # email_verified absent: not verified
+              {"email": "boss@corp.com", "email_verified": "true"}]  # only the boolean true counts
+    for extra in forged:
+        u = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "mallory", **extra})
+        assert u is not None and u.id == f"{ISS}#mallory" and u.email is None, extra
+        assert not u.is_admin and not auth.is_member(u) and not auth.can_modify(u, bosses_run), extra
+    boss = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "b0", "email": "Boss@Corp.com",
+                                  "email_verified": True})
+    assert boss.is_admin and auth.is_member(boss) and boss.email == "Boss@Corp.com"
+
+
+def test_the_key_is_issuer_and_subject(team, monkeypatch):
+    """The same subject at another provider is another person; without `iss`, the configured issuer's."""
+    here, there = (auth.user_from_claims({"is_logged_in": True, "iss": iss, "sub": "42"})
+                   for iss in (ISS, "https://accounts.google.com"))
+    assert here.id == f"{ISS}#42" and there.id == "https://accounts.google.com#42"
+    monkeypatch.setenv(auth.ISSUER_ENV, ISS + "/")
+    assert auth.user_from_claims({"is_logged_in": True, "sub": "42"}).id == f"{ISS}#42"
+    monkeypatch.delenv(auth.ISSUER_ENV)
+    monkeypatch.setenv(auth.OIDC_ENV["server_metadata_url"], f"{ISS}/.well-known/openid-configuration")
+    assert auth.user_from_claims({"is_logged_in": True, "sub": "42"}).id == f"{ISS}#42"
+
+
+def test_admins_by_key_or_by_verified_email(team, monkeypatch, engine):
+    monkeypatch.setenv(auth.ADMINS_ENV, f"{ISS}#ops-7, ROOT@example.com")
+    by_key = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "ops-7"})
+    assert by_key.is_admin and by_key.email is None
+    assert not auth.user_from_claims({"is_logged_in": True, "iss": "https://other.example", "sub": "ops-7"}).is_admin
+    assert not auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "OPS-7"}).is_admin  # keys: exact
+    assert user(ADMIN).is_admin and user("Root@Example.COM").is_admin  # e-mails: any case
+    bobs = seed_run(engine, "bobs", owner=user(BOB).id, status="queued")
+    assert auth.can_modify(by_key, bobs) and auth.can_modify(user(ADMIN), bobs)
+
+
+def test_owners_by_key_and_legacy_email_owners(team, engine):
+    bob = user(BOB)
+    keyed = seed_run(engine, "keyed", owner=bob.id, status="queued")
+    legacy = seed_run(engine, "legacy", owner=BOB, status="queued")  # stored before identities were keyed
+    assert auth.can_modify(bob, keyed) and auth.can_modify(bob, legacy)
+    assert auth.can_modify(user("BOB@example.com"), legacy)  # the stored e-mail, any case
+    # Another account with Bob's verified address owns his legacy runs, never his keyed ones.
+    twin = auth.user_from_claims({**claims(BOB), "is_logged_in": True, "sub": "someone-else"})
+    assert auth.can_modify(twin, legacy) and not auth.can_modify(twin, keyed)
+    unverified = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": f"id-{BOB}", "email": BOB})
+    assert unverified.id == bob.id and auth.can_modify(unverified, keyed)  # the key alone makes the owner
+    assert not auth.can_modify(unverified, legacy)  # an e-mail nobody verified owns nothing
+    assert not auth.can_modify(user(ANA), keyed) and not auth.can_modify(user(ANA), legacy)
+    # Anything with an owner: a dataset with none (uploaded before datasets had owners) is an admin's only.
+    assert not auth.can_modify(bob, SimpleNamespace(owner=None)) and auth.can_modify(user(ADMIN), SimpleNamespace(owner=None))
+    assert auth.can_modify(bob, SimpleNamespace(owner=bob.id))
+
+
+def test_allow_list_by_user_domain_or_group(team, monkeypatch):
+    outsider = user("eve@elsewhere.org")
+    assert auth.allow_list() == {} and auth.is_member(outsider)  # no allow-list: everyone signed in
+    monkeypatch.setenv(auth.ALLOWED_DOMAINS_ENV, "Example.com, @lab.example.org")
+    assert auth.is_member(user(ANA)) and auth.is_member(user("x@LAB.example.org"))
+    assert not auth.is_member(outsider) and not auth.is_member(user("x@sub.example.com"))  # exactly the domain
+    assert not auth.is_member(auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "u", "email": ANA}))
+    assert not auth.is_member(user("root@elsewhere.org"))
+    monkeypatch.setenv(auth.ADMINS_ENV, "root@elsewhere.org")
+    assert auth.is_member(user("root@elsewhere.org"))  # admins always pass
+    monkeypatch.setenv(auth.ALLOWED_USERS_ENV, f"EVE@elsewhere.org, {ISS}#id-carl")
+    assert auth.is_member(outsider)
+    assert auth.is_member(auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "id-carl"}))
+    monkeypatch.setenv(auth.ALLOWED_GROUPS_ENV, "ml-lab,/vision")
+    dan = "dan@partner.net"
+    assert auth.is_member(user(dan, groups=["staff", "ml-lab"])) and auth.is_member(user(dan, groups="/vision"))
+    assert not auth.is_member(user(dan, groups=["ml-lab-alumni"])) and not auth.is_member(user(dan))
+    monkeypatch.setenv(auth.GROUPS_CLAIM_ENV, "roles")
+    assert auth.is_member(user(dan, roles=["ml-lab"])) and not auth.is_member(user(dan, groups=["ml-lab"]))
+
+
+def test_local_mode_refuses_remote_and_proxied_requests():
+    assert auth.local_refusal("127.0.0.1", {"Host": "127.0.0.1:8501"}) is None
+    assert auth.local_refusal(None, {}) is None
+    assert "only answers on this machine" in auth.local_refusal("10.0.0.7", {})
+    for header in auth.PROXY_HEADERS:
+        why = auth.local_refusal("127.0.0.1", {header.lower(): "203.0.113.9"})
+        assert why and header in why and "TORCHDECK_MODE=team" in why, header
 
 
 def test_local_mode_user_may_do_anything(monkeypatch, engine):
@@ -70,7 +174,7 @@ def test_service_refuses_cancel_and_delete_by_another_user(team, engine, home):
     files.mkdir(parents=True)
     (files / "best.pt").write_bytes(b"x")
     for r in (queued, running):
-        with pytest.raises(auth.PermissionDenied, match=f"{ANA} may not cancel run {r.id}: it belongs to {BOB}"):
+        with pytest.raises(auth.PermissionDenied, match=rf"Ana \({ANA}\) may not cancel run {r.id}: it belongs to {BOB}"):
             services.cancel(r.id, engine=engine, by=user(ANA))
     with pytest.raises(auth.PermissionDenied, match="may not delete"):
         services.remove(done.id, engine=engine, by=user(ANA))
@@ -182,7 +286,7 @@ def test_anonymous_visitor_sees_only_the_sign_in_screen(team, engine):
 
 def test_runs_page_lets_a_user_cancel_and_delete_only_their_own(team, engine):
     bobs = seed_run(engine, "bobs", owner=BOB, status="queued")
-    at = team_page("runs.py", {"email": ANA, "name": "Ana"})
+    at = team_page("runs.py", claims(ANA))
     assert not at.exception
     assert list(at.dataframe[0].value["owner"]) == [BOB]  # everyone sees everyone's runs
     assert any(f"signed in as **Ana** ({ANA})" in c.value for c in at.sidebar.caption)
@@ -196,7 +300,7 @@ def test_runs_page_lets_a_user_cancel_and_delete_only_their_own(team, engine):
 
 def test_admin_may_cancel_anyones_run_from_the_runs_page(team, engine):
     bobs = seed_run(engine, "bobs", owner=BOB, status="queued")
-    at = team_page("runs.py", {"email": ADMIN, "name": "Root"})
+    at = team_page("runs.py", claims(ADMIN))
     assert any("admin" in c.value for c in at.sidebar.caption)
     at.session_state["runs.table"] = {"selection": {"rows": [0], "columns": [], "cells": []}}
     at.run()
@@ -208,10 +312,10 @@ def test_admin_may_cancel_anyones_run_from_the_runs_page(team, engine):
 
 def test_run_page_disables_cancel_for_others(team, engine):
     bobs = seed_run(engine, "bobs", owner=BOB, status="running")
-    at = team_page("run.py", {"email": ANA}, id=bobs.id)
+    at = team_page("run.py", claims(ANA), id=bobs.id)
     assert not at.exception
     assert _button(at, "Cancel").disabled and not _button(at, "Clone").disabled
-    at = team_page("run.py", {"email": BOB}, id=bobs.id)
+    at = team_page("run.py", claims(BOB), id=bobs.id)
     assert not _button(at, "Cancel").disabled
     _button(at, "Cancel").click()
     at.run()
@@ -219,16 +323,16 @@ def test_run_page_disables_cancel_for_others(team, engine):
 
 
 def test_new_run_owner_is_the_signed_in_user(team, engine):
-    at = team_page("new_run.py", {"email": ANA})
+    at = team_page("new_run.py", claims(ANA))
     assert not at.exception
     owner = at.text_input(key="nr.owner")
-    assert owner.value == ANA and owner.disabled
+    assert owner.value == f"Ana ({ANA})" and owner.disabled  # the name, not the key
 
 
 def test_team_mode_started_without_sign_in_shows_nothing(team, engine):
     seed_run(engine, "secret-run", owner=BOB)
     at = AppTest.from_file(str(auth.__file__).replace("auth.py", "main.py"), default_timeout=60)
-    at.user = {"is_logged_in": True, "email": ANA}
+    at.user = {"is_logged_in": True, **claims(ANA)}
     at.run()
     assert any("requires sign-in" in e.value for e in at.error)
     assert len(at.dataframe) == 0

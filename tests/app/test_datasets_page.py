@@ -39,7 +39,7 @@ GOOD = {"pets/cat/1.png": png("red"), "pets/cat/2.png": png("orange"), "pets/dog
 
 
 def _store(engine, name: str, buf: io.BytesIO):
-    return ds.store_upload(engine, name, buf, len(buf.getvalue()))
+    return ds.store_upload(engine, name, buf, len(buf.getvalue()), owner="local")
 
 
 def test_builtin_datasets_and_empty_state(page):

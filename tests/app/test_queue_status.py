@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from markdown_view import shown
 from seeding import seed_run
 from sqlalchemy import update
 
@@ -33,7 +34,7 @@ def test_the_new_run_page_says_no_worker_serves_the_gpu_queue_and_how_to_fix_it(
     assert "torchdeck worker --gpus 0" in text and "device: cpu" in text
     at.selectbox(key="nr.f.device").set_value("cpu")
     at = _click(at, "Validate")
-    served = " ".join(i.value for i in at.info)
+    served = " ".join(shown(i.value).text for i in at.info)  # worker names are shown as text
     assert "queue 'cpu' is served by 1 live worker(s): cpu@host-a/1-aa on host-a" in served.lower()
     assert not any("no live worker" in w.value.lower() for w in at.warning)
 
@@ -47,7 +48,7 @@ def test_the_run_page_of_a_queued_run_names_its_workers_or_says_there_are_none(p
                in w.value for w in at.warning)
     _worker(engine, "cpu@host-a/3-cc", ["cpu", "gpu"])
     at = page("run.py", id=r.id)
-    assert any("served by 1 live worker(s): cpu@host-a/3-cc" in i.value for i in at.info)
+    assert any("served by 1 live worker(s): cpu@host-a/3-cc" in shown(i.value).text for i in at.info)
     done = seed_run(engine, "done")
     at = page("run.py", id=done.id)
     assert not any("live worker" in x.value for x in [*at.info, *at.warning])  # only a queued run waits

@@ -125,3 +125,26 @@ def _try_delete(engine: Engine, run_id: str) -> BaseException | list[str]:
         return repo.delete_run(engine, run_id)
     except Exception as e:  # noqa: BLE001 - the test inspects it
         return e
+
+
+def test_concurrent_submissions_never_pass_the_queued_limit(engine: Engine) -> None:
+    """Eight submissions by one owner at once against a limit of three: exactly three are stored, on both
+    backends (SQLite serialises writers; Postgres takes a per-owner lock before counting)."""
+    start = threading.Barrier(8)
+    outcomes: list[object] = []
+
+    def submit() -> None:
+        start.wait(TIMEOUT_S)
+        try:
+            outcomes.append(repo.create_run(engine, {"lr": 0.1}, owner="ana", max_queued=3).id)
+        except repo.QueueLimitReached as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert sum(isinstance(o, str) for o in outcomes) == 3 and len(outcomes) == 8
+    assert repo.list_runs(engine, owner="ana").total == 3
+    assert repo.create_run(engine, {"lr": 0.1}, owner="bob", max_queued=3).owner == "bob"

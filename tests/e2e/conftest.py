@@ -31,6 +31,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Stop a process started with start_new_session=True, and its children: TERM, then KILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

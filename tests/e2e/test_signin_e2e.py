@@ -3,14 +3,15 @@ OpenID Connect provider (oidc-provider-mock, a separate process), driven by Chro
 straight into the database (no training: the test is about who may see and touch them).
 
 Anonymous visitors get the sign-in screen and no data; Ana sees Bob's runs but cannot cancel or delete
-them (buttons disabled, and the service refuses too); the admin can do both."""
+them (buttons disabled, and the service refuses too); the admin can do both. The dashboard has an
+allow-list (a domain and a group): someone the provider signs in who matches neither gets a refusal
+page, whatever name or unverified address they gave the provider."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, wait_http
+from conftest import SHOTS, free_port, stop_group, wait_http
 from playwright.sync_api import expect
 
 from app import auth, services
@@ -29,6 +30,11 @@ from db.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
+# Besides them, at the provider: Eve (a verified address of another domain), Carol (another domain, but
+# in the allowed group), and Mallory, who typed the admin's address as her username and unverified e-mail.
+OTHERS = [{"sub": "eve", "email": "eve@elsewhere.org", "email_verified": True, "name": "Eve"},
+          {"sub": "carol", "email": "carol@partner.org", "email_verified": True, "name": "Carol", "groups": ["ml-lab"]},
+          {"sub": "mallory", "preferred_username": ADMIN, "email": ADMIN, "email_verified": False}]
 SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,16 +42,6 @@ pytestmark = pytest.mark.timeout(180)
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def seed(url: str, home: Path) -> dict[str, str]:
@@ -72,12 +68,13 @@ def seed(url: str, home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def team() -> Iterator[dict]:
-    """An OpenID provider with three users, and the dashboard in team mode using it."""
+    """An OpenID provider with six users, and the dashboard in team mode using it, with an allow-list."""
     home = Path(tempfile.mkdtemp(prefix="torchdeck-signin-"))
     db_url = f"sqlite:///{home / 'torchdeck.db'}"
     ids = seed(db_url, home)
     idp_port, ui_port = free_port(), free_port()
-    users = [json.dumps({"sub": who, "email": who, "name": who.split("@")[0].title()}) for who in (ANA, BOB, ADMIN)]
+    users = [json.dumps({"sub": who, "email": who, "email_verified": True, "name": who.split("@")[0].title()})
+             for who in (ANA, BOB, ADMIN)] + [json.dumps(u) for u in OTHERS]
     idp_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     idp = start([sys.executable, "-m", "oidc_provider_mock", "--port", str(idp_port),
                  *[arg for u in users for arg in ("--user-claims", u)]], idp_env, home / "idp.log")
@@ -86,6 +83,7 @@ def team() -> Iterator[dict]:
     env.update(
         TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
         TORCHDECK_MODE="team", TORCHDECK_UI_ADDRESS="127.0.0.1", TORCHDECK_ADMINS=ADMIN,
+        TORCHDECK_ALLOWED_DOMAINS="example.com", TORCHDECK_ALLOWED_GROUPS="ml-lab",
         TORCHDECK_OIDC_ISSUER=f"http://127.0.0.1:{idp_port}", TORCHDECK_OIDC_CLIENT_ID="torchdeck",
         TORCHDECK_OIDC_CLIENT_SECRET="s3cret", TORCHDECK_OIDC_REDIRECT_URI=f"{url}/oauth2callback",
         TORCHDECK_OIDC_COOKIE_SECRET="a-long-random-cookie-secret-for-tests", PYTHONUNBUFFERED="1",
@@ -94,10 +92,10 @@ def team() -> Iterator[dict]:
     try:
         wait_http(f"http://127.0.0.1:{idp_port}/.well-known/openid-configuration", 30, idp, home / "idp.log")
         wait_http(f"{url}/_stcore/health", 60, ui, home / "ui.log")
-        yield {"url": url, "ids": ids, "db": db_url, "home": home}
+        yield {"url": url, "ids": ids, "db": db_url, "home": home, "issuer": f"http://127.0.0.1:{idp_port}"}
     finally:
-        stop(ui)
-        stop(idp)
+        stop_group(ui)
+        stop_group(idp)
         keep = ROOT / "test-output" / "signin-logs"
         shutil.rmtree(keep, ignore_errors=True)
         keep.mkdir(parents=True)
@@ -114,12 +112,18 @@ def new_page(browser, **options):
     return page
 
 
-def sign_in(browser, team: dict, who: str):
-    """A fresh browser (no cookies) signs in as `who` through the provider's form."""
+def through_the_provider(browser, team: dict, who: str):
+    """A fresh browser (no cookies) goes through the provider's form as `who` (a predefined user's subject)."""
     page = new_page(browser, viewport={"width": 1400, "height": 1000})
     page.goto(team["url"])
     page.get_by_role("button", name="Sign in").click()
     page.get_by_role("button", name=who, exact=True).click()  # the provider's form: a predefined user
+    return page
+
+
+def sign_in(browser, team: dict, who: str):
+    """A member signs in: the dashboard says who is signed in."""
+    page = through_the_provider(browser, team, who)
     page.get_by_text("signed in as").wait_for()
     return page
 
@@ -217,7 +221,7 @@ def test_a_user_sees_others_runs_but_cannot_cancel_or_delete_them(team, browser)
     # The service refuses as well, whatever a client sends.
     engine = make_engine(team["db"])
     try:
-        ana = auth.User(id=ANA, name="Ana")
+        ana = auth.User(id=f"{team['issuer']}#{ANA}", name="Ana", email=ANA)
         with pytest.raises(auth.PermissionDenied):
             services.cancel(team["ids"]["bob-running"], engine=engine, by=ana)
         with pytest.raises(auth.PermissionDenied):
@@ -225,6 +229,45 @@ def test_a_user_sees_others_runs_but_cannot_cancel_or_delete_them(team, browser)
         assert not repo.get_run(engine, team["ids"]["bob-running"]).cancel_requested
     finally:
         engine.dispose()
+
+
+def _refused(page, team: dict, name: str) -> None:
+    page.get_by_text(f"{name} is signed in but not a member of this dashboard; ask an admin to add you to "
+                     "TORCHDECK_ALLOWED_USERS").wait_for()
+    settled(page)  # the whole script run is drawn: nothing more comes below the refusal
+    body = page.locator("body").inner_text()
+    assert "bob-running" not in body and "run(s) match" not in body and "signed in as" not in body
+    assert button(page, "Sign out").is_visible() and not page.get_by_role("link", name="New run").count()
+
+
+def test_only_members_of_the_allow_list_get_in(team, browser):
+    """Eve (another domain) and Mallory (the admin's address, unverified) are refused; Carol (the group) and
+    Ana (the domain) are members. Members are recorded as accounts, by issuer and subject."""
+    engine = make_engine(team["db"])
+    pages = []
+    try:
+        for who, name in (("eve", "Eve"), ("mallory", ADMIN)):  # Mallory's name: her preferred_username
+            pages.append(page := through_the_provider(browser, team, who))
+            _refused(page, team, name)
+            page.goto(f"{team['url']}/run?id={team['ids']['bob-running']}")  # no page behind the refusal either
+            _refused(page, team, name)
+        shot(pages[0], "signin-05-not-a-member.png")
+        button(pages[0], "Sign out").click()
+        pages[0].get_by_role("button", name="End session").click()
+        button(pages[0], "Sign in").wait_for()
+        pages.append(carol := sign_in(browser, team, "carol"))
+        carol.get_by_text("run(s) match").wait_for()
+        assert carol.get_by_text("signed in as").inner_text().startswith("signed in as Carol (carol@partner.org)")
+        known = repo.accounts(engine, [f"{team['issuer']}#{s}" for s in ("eve", "mallory", "carol")])
+        assert [(a.name, a.email) for a in known.values()] == [("Carol", "carol@partner.org")]
+    except BaseException:
+        for i, page in enumerate(pages):
+            shot(page, f"signin-zz-members-{i}.png")
+        raise
+    finally:
+        engine.dispose()
+        for page in pages:
+            page.context.close()
 
 
 def test_an_admin_may_cancel_and_delete_anyones_runs(team, browser):

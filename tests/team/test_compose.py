@@ -166,10 +166,10 @@ def test_every_variable_is_documented_in_the_example():
 
 
 def test_sign_in_variables_are_the_ones_the_app_reads(resolved):
-    from app.auth import ADMINS_ENV, MODE_ENV, OIDC_ENV
+    from app.auth import ADMINS_ENV, ALLOW_ENVS, GROUPS_CLAIM_ENV, MODE_ENV, OIDC_ENV
 
     env = resolved["services"]["app"]["environment"]
-    for var in (*OIDC_ENV.values(), MODE_ENV, ADMINS_ENV):
+    for var in (*OIDC_ENV.values(), MODE_ENV, ADMINS_ENV, *ALLOW_ENVS, GROUPS_CLAIM_ENV):
         assert var in env, var
     assert env[MODE_ENV] == "team"
 

@@ -200,3 +200,17 @@ def test_team_mode_without_sign_in_settings(deployment, doctor_here):
     assert code == 1
     sign_in = line(out, "✗", "sign-in")
     assert "TORCHDECK_OIDC_SERVER_METADATA_URL" in sign_in and "TORCHDECK_OIDC_CLIENT_ID" not in sign_in.split("fix:")[0]
+
+
+def test_team_mode_warns_when_everyone_signed_in_is_a_member(deployment, doctor_here):
+    team = {**deployment, "TORCHDECK_MODE": "team", "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
+            "TORCHDECK_OIDC_CLIENT_ID": "torchdeck", "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+            "TORCHDECK_OIDC_REDIRECT_URI": "https://torchdeck.example.com/oauth2callback",
+            "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret", "TORCHDECK_ADMINS": "root@example.com"}
+    code, out = doctor_here(team)
+    assert code == 0, out  # a warning, not a failure
+    sign_in = line(out, "✓", "sign-in")
+    assert "warning: no allow-list" in sign_in and "everyone who can sign in at the provider is a member" in sign_in
+    code, out = doctor_here({**team, "TORCHDECK_ALLOWED_DOMAINS": "example.com"})
+    sign_in = line(out, "✓", "sign-in")
+    assert code == 0 and "warning" not in sign_in and "TORCHDECK_ALLOWED_DOMAINS=example.com" in sign_in

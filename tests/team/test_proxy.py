@@ -1,7 +1,9 @@
 """deploy/nginx.conf, as shipped, in front of a real dashboard: Debian's nginx with the file
-templated to free ports and a throwaway certificate, `streamlit run app/main.py` behind it. The
-page, its assets, the health endpoint and Streamlit's websocket (/_stcore/stream: upgrade, then a
-whole script run streamed back) work through the proxy; HTTP redirects to HTTPS."""
+templated to free ports and a throwaway certificate, `torchdeck ui` behind it. In team mode (the
+deployment: sign-in) the page, its assets, the health endpoint and Streamlit's websocket
+(/_stcore/stream: upgrade, then a whole script run streamed back) work through the proxy, and HTTP
+redirects to HTTPS. In local mode (no sign-in) the dashboard refuses every request that came through
+the proxy, in a real Chromium, while it still answers this machine directly."""
 
 from __future__ import annotations
 
@@ -12,17 +14,24 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from db.migrate import upgrade
 from tests._servers import free_port
-from tests.team.conftest import ROOT, clean_env, stop, wait_http
+from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.team.conftest import ROOT, VENV_BIN, clean_env, stop, wait_http
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 HOST = "torchdeck.example.com"
+# Team mode as a deployment configures it; the provider is never contacted (nobody signs in here).
+TEAM = {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1",
+        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab", "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
+        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret", "TORCHDECK_OIDC_REDIRECT_URI": f"https://{HOST}/oauth2callback",
+        "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret-for-tests"}
 
 
 def templated(tmp: Path, http_port: int, https_port: int, app_port: int) -> Path:
@@ -55,21 +64,19 @@ http {{
     return main
 
 
-@pytest.fixture(scope="module")
-def proxied(tmp_path_factory):
+@contextmanager
+def behind_nginx(tmp: Path, mode: dict[str, str]) -> Iterator[dict]:
+    """`torchdeck ui` in `mode` (its environment) on a free port, the shipped nginx site in front of it."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if nginx is None:
         pytest.fail("nginx is not installed (make test installs it: apt-get install nginx)", pytrace=False)
-    tmp = tmp_path_factory.mktemp("proxy")
     url = f"sqlite:///{tmp / 'torchdeck.db'}"
     upgrade(url)
     app_port, http_port, https_port = free_port(), free_port(), free_port()
     log = tmp / "streamlit.log"
-    env = clean_env(TORCHDECK_DATABASE_URL=url, TORCHDECK_HOME=str(tmp / "home"), TORCHDECK_MODE="local",
-                    TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0")
-    app = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
-                            "--server.port", str(app_port), "--server.headless", "true",
-                            "--browser.gatherUsageStats", "false"],
+    env = clean_env(TORCHDECK_DATABASE_URL=url, TORCHDECK_HOME=str(tmp / "home"),
+                    TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0", **mode)
+    app = subprocess.Popen([str(VENV_BIN / "torchdeck"), "ui", "--port", str(app_port)],
                            cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     proxy = None
     try:
@@ -83,11 +90,51 @@ def proxied(tmp_path_factory):
         proxy = subprocess.Popen([*base, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", app, timeout=90, log=log)
         _wait_proxy(https_port, proxy, tmp / "error.log")  # nginx and the app start side by side: either may be last
-        yield {"https": https_port, "http": http_port, "tmp": tmp}
+        yield {"https": https_port, "http": http_port, "app": app_port, "tmp": tmp}
     finally:
         if proxy is not None:
             stop(proxy)
         stop(app)
+
+
+@pytest.fixture(scope="module")
+def proxied(tmp_path_factory) -> Iterator[dict]:
+    """The deployment: team mode behind nginx."""
+    with behind_nginx(tmp_path_factory.mktemp("proxy"), TEAM) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def proxied_local(tmp_path_factory) -> Iterator[dict]:
+    """Local mode (no sign-in) put behind the shipped nginx anyway."""
+    with behind_nginx(tmp_path_factory.mktemp("proxy-local"), {"TORCHDECK_MODE": "local"}) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Chromium resolving the site's name to this machine, as a visitor's browser resolves it to the proxy."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} 127.0.0.1"])
+        yield b
+        b.close()
+
+
+IDLE_JS = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    return app && app.getAttribute("data-test-script-state") === "notRunning"; }"""
+
+
+def visit(browser, url: str):
+    """A fresh visitor's page at `url`, once its script run is drawn (bounded generously, never a fixed sleep)."""
+    page = browser.new_context(ignore_https_errors=True).new_page()  # the throwaway certificate
+    page.set_default_timeout(60_000)
+    page.goto(url)
+    page.locator("[data-testid='stMain']").wait_for()
+    page.wait_for_function(IDLE_JS, timeout=60_000)
+    return page
 
 
 def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, timeout: float = 60) -> None:
@@ -178,3 +225,31 @@ def test_websocket_from_another_site_is_still_refused(proxied):
     with pytest.raises(InvalidStatus) as refused:
         _stream(proxied["https"], "https://evil.example.net")
     assert refused.value.response.status_code == 403
+
+
+def test_team_mode_through_the_proxy_shows_the_sign_in_screen(proxied, browser):
+    page = visit(browser, f"https://{HOST}:{proxied['https']}/")
+    try:
+        page.get_by_role("button", name="Sign in").wait_for()
+        assert "came through a proxy" not in page.locator("body").inner_text()
+    finally:
+        page.context.close()
+
+
+def test_local_mode_refuses_every_request_through_the_proxy(proxied_local, browser):
+    """Through nginx every visitor arrives from 127.0.0.1: the proxy's headers give them away."""
+    for path in ("/", "/new", "/workers"):
+        page = visit(browser, f"https://{HOST}:{proxied_local['https']}{path}")
+        try:
+            page.get_by_text("runs in local mode, without sign-in, and this request came through a proxy").wait_for()
+            page.get_by_text("run it with TORCHDECK_MODE=team").wait_for()
+            body = page.locator("body").inner_text()
+            assert "No runs yet" not in body and "New run" not in body and "Workers" not in body, path
+        finally:
+            page.context.close()
+    direct = visit(browser, f"http://127.0.0.1:{proxied_local['app']}/")  # this machine, no proxy: served
+    try:
+        direct.get_by_text("No runs yet").wait_for()
+        assert "came through a proxy" not in direct.locator("body").inner_text()
+    finally:
+        direct.context.close()

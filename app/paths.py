@@ -1,0 +1,87 @@
+"""Which files a run may read: the spec's `data.path` and `model.weights_file`, checked before a run is
+stored or a pre-flight is sent, so that nobody reads the host's files through a run.
+
+- Team mode: a `data.path` must be an uploaded (registered) dataset, a `model.weights_file` a file under the
+  artifact root (a run's checkpoint), unless the operator lists other folders in TORCHDECK_PATH_ROOTS.
+- Local mode: anything under the data folder ($TORCHDECK_HOME), the current folder, $TORCHDECK_DATA and the
+  folders in TORCHDECK_PATH_ROOTS.
+
+Paths are compared after resolving links and `..`, so a link out of a root is outside it. A refusal names the
+field and the allowed folders, never what lies outside them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from app.auth import team_mode
+from core.config import RunSpec, SpecError
+from db.engine import data_home
+from db.repo import list_datasets
+
+ROOTS_ENV = "TORCHDECK_PATH_ROOTS"  # extra folders runs may read, separated by os.pathsep (':')
+
+
+def _resolved(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def extra_roots() -> list[Path]:
+    return [_resolved(p) for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def data_roots() -> list[Path]:
+    """Folders any `data.path` may lie under (besides the registered datasets)."""
+    roots = extra_roots()
+    if not team_mode():
+        roots += [_resolved(data_home()), _resolved(Path.cwd())]
+        if os.environ.get("TORCHDECK_DATA"):
+            roots.append(_resolved(os.environ["TORCHDECK_DATA"]))
+    return roots
+
+
+def weights_roots(artifact_root: Path) -> list[Path]:
+    """Folders a `model.weights_file` may lie under: the artifact root (runs' checkpoints) and the data roots."""
+    return [_resolved(artifact_root), *data_roots()]
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+def _registered(path: Path, engine: Engine) -> bool:
+    return any(_resolved(d.uri) == path for d in list_datasets(engine, status="ready"))
+
+
+def _refusal(field: str, roots: list[Path], hint: str) -> tuple[str, str]:
+    where = ", ".join(str(r) for r in roots) or "none configured"
+    return field, f"this path is outside the folders runs may read ({where}): {hint}"
+
+
+def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tuple[str, str]]:
+    """(field, message) for each path in the spec that a run may not read."""
+    problems = []
+    if spec.data.path:
+        path = _resolved(spec.data.path)
+        roots = data_roots()
+        if not (_inside(path, roots) or _registered(path, engine)):
+            hint = ("choose an uploaded dataset (Datasets page)" if team_mode()
+                    else f"move the data under one of them, or add its folder to {ROOTS_ENV}")
+            problems.append(_refusal("data.path", roots, hint))
+    if spec.model.weights_file:
+        path = _resolved(spec.model.weights_file)
+        roots = weights_roots(artifact_root)
+        if not _inside(path, roots):
+            problems.append(_refusal("model.weights_file", roots,
+                                     f"use a run's checkpoint, or ask the operator to add the folder to {ROOTS_ENV}"))
+    return problems
+
+
+def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path) -> None:
+    """SpecError (a ValueError naming each field) when the spec reads files it may not."""
+    problems = path_problems(spec, engine, artifact_root)
+    if problems:
+        raise SpecError(problems)

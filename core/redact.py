@@ -1,0 +1,68 @@
+"""Credentials never shown: every URL's password (and token-like query parameters) masked in a text.
+
+Torch-free and importing nothing of ours: the dashboard, the CLI, the database layer (errors and events
+it stores) and the workers' log handlers all pass what they show or keep through `redact`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+MASK = "***"
+# scheme://user:password@host — the password is whatever lies between the first ':' after the scheme's
+# '//' and the last '@' before the host (passwords may hold '@' when not percent-encoded).
+_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]*:)(?P<secret>[^\s/]*)@(?=[^\s@/]*(?:[/\s?#]|$))")
+_QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|secret|token|access_key|secret_key|client_secret)=)"
+                    r"(?P<secret>[^&\s#]+)", re.IGNORECASE)
+
+
+def redact(text: object) -> str:
+    """`text` with the password of every URL in it, and secret query parameters, replaced by ***."""
+    s = str(text)
+    if "://" not in s and "=" not in s:
+        return s
+    s = _USERINFO.sub(lambda m: f"{m['head']}{MASK}@" if m["secret"] else m[0], s)
+    return _QUERY.sub(lambda m: f"{m['head']}{MASK}", s)
+
+
+def redact_data(value: object) -> object:
+    """Every string inside a JSON-like value redacted (event data: tracebacks, messages, URLs)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_data(v) for v in value]
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks credentials in every record's final message (arguments included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:  # the traceback, formatted once here as handlers would
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+def redact_logs() -> None:
+    """Mask credentials in everything this process logs, whichever handler writes it (Celery, Streamlit and
+    logging.basicConfig install their own): every handler filters through RedactingFilter first."""
+    if getattr(logging.Handler.handle, "_torchdeck_redacts", False):
+        return
+    original = logging.Handler.handle
+    flt = RedactingFilter()
+
+    def handle(self: logging.Handler, record: logging.LogRecord) -> bool:
+        flt.filter(record)
+        return original(self, record)
+
+    handle._torchdeck_redacts = True  # type: ignore[attr-defined]
+    logging.Handler.handle = handle  # type: ignore[method-assign]

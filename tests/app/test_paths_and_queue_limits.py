@@ -1,0 +1,132 @@
+"""What a run may read and how many a person may queue, enforced in app/services.py before a run is stored
+(and in app/jobs.py before a pre-flight is sent): `data.path` and `model.weights_file` only under the allowed
+folders (team mode: uploaded datasets and run checkpoints), and, in team mode, a per-owner queued-runs limit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app import auth, jobs, paths, services
+from core.config import RunSpec, SpecError
+from db import repo
+
+
+def imagefolder(path: str | Path, **model) -> RunSpec:
+    return RunSpec.from_dict({"data": {"name": "imagefolder", "path": str(path)}, "model": model})
+
+
+def digits(**model) -> RunSpec:
+    return RunSpec.from_dict({"data": {"name": "digits", "image_size": 8}, "model": model})
+
+
+@pytest.fixture
+def team(monkeypatch):
+    monkeypatch.setenv(auth.MODE_ENV, "team")
+
+
+def test_a_run_reading_outside_the_allowed_folders_is_refused_before_it_is_stored(engine, home, monkeypatch):
+    monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
+    with pytest.raises(SpecError) as refused:
+        services.submit(imagefolder("/"), engine=engine)
+    (field, message), = refused.value.errors
+    assert field == "data.path" and str(home) in message and "TORCHDECK_PATH_ROOTS" in message
+    assert not any(f" {entry}" in message or f"/{entry}," in message for entry in ("proc", "usr", "bin", "etc"))
+    assert repo.list_runs(engine).total == 0  # nothing stored, nothing queued
+    link = home / "innocent"
+    link.symlink_to("/etc")  # a link out of an allowed folder is outside it
+    with pytest.raises(SpecError, match="data.path"):
+        services.submit(imagefolder(link), engine=engine)
+    with pytest.raises(SpecError, match="model.weights_file"):
+        services.submit(digits(weights_file="/etc/passwd"), engine=engine)
+    with pytest.raises(SpecError, match="data.path"):
+        services.submit(imagefolder(home / ".." / ".." / "etc"), engine=engine)
+
+
+def test_local_mode_reads_the_data_folder_the_current_folder_and_the_configured_roots(engine, home, tmp_path_factory,
+                                                                                      monkeypatch):
+    elsewhere = tmp_path_factory.mktemp("shared-data")
+    monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
+    art = services.artifact_root()
+    assert paths.path_problems(imagefolder(home / "datasets" / "pets"), engine, art) == []
+    assert paths.path_problems(imagefolder(Path.cwd() / "data" / "pets"), engine, art) == []
+    assert paths.path_problems(imagefolder("data/pets"), engine, art) == []  # relative: the current folder
+    assert [f for f, _ in paths.path_problems(imagefolder(elsewhere), engine, art)] == ["data.path"]
+    monkeypatch.setenv(paths.ROOTS_ENV, os.pathsep.join([str(elsewhere), "/nonexistent-root"]))
+    assert paths.path_problems(imagefolder(elsewhere / "pets"), engine, art) == []
+    assert paths.path_problems(digits(weights_file=str(elsewhere / "w.safetensors")), engine, art) == []
+
+
+def test_team_mode_reads_uploaded_datasets_and_checkpoints_only(team, engine, home, monkeypatch):
+    monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
+    art = services.artifact_root()
+    uploaded = home / "datasets" / "pets"
+    repo.create_dataset(engine, "pets", str(uploaded), classes=["cat", "dog"], counts={"cat": 1, "dog": 1},
+                        status="ready", owner="someone")
+    assert paths.path_problems(imagefolder(uploaded), engine, art) == []
+    # In team mode the data folder itself is no longer open: it holds the database and the sign-in secrets.
+    for other in (home / "datasets", home / "auth", Path.cwd()):
+        (field, message), = paths.path_problems(imagefolder(other), engine, art)
+        assert field == "data.path" and "uploaded dataset" in message
+    checkpoint = art / "runs" / "abc" / "checkpoints" / "best.pt"
+    assert paths.path_problems(digits(weights_file=str(checkpoint)), engine, art) == []
+    assert [f for f, _ in paths.path_problems(digits(weights_file=str(home / "torchdeck.db")), engine, art)] \
+        == ["model.weights_file"]
+
+
+def test_a_preflight_reading_outside_is_refused_without_sending_anything(engine, home, broker, monkeypatch):
+    monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
+    result = jobs.preflight(imagefolder("/etc"))
+    assert result["ok"] is False and "data.path" in result["error"]
+    assert broker.llen("jobs") == 0 and broker.dbsize() == 0
+
+
+def test_team_mode_limits_each_persons_queued_runs(team, engine, home, broker, monkeypatch):
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "2")
+    spec = digits()
+    for _ in range(2):
+        services.submit(spec, owner="ana", engine=engine)
+    with pytest.raises(repo.QueueLimitReached, match="ana has 2 queued runs; this dashboard allows 2"):
+        services.submit(spec, owner="ana", engine=engine)
+    assert broker.llen(spec.resource) == 2 and repo.list_runs(engine, owner="ana").total == 2
+    services.submit(spec, owner="bob", engine=engine)  # the limit is per person
+    first = repo.list_runs(engine, owner="ana").runs[0]
+    repo.request_cancel(engine, first.id)  # a queued run that ends frees its place
+    services.submit(spec, owner="ana", engine=engine)
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "0")  # 0: no limit
+    services.submit(spec, owner="ana", engine=engine)
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "many")
+    with pytest.raises(ValueError, match="TORCHDECK_MAX_QUEUED_PER_OWNER='many' is not a whole number"):
+        services.submit(spec, owner="ana", engine=engine)
+
+
+def test_local_mode_has_no_queued_limit(engine, home, broker, monkeypatch):
+    monkeypatch.delenv(auth.MODE_ENV, raising=False)
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "1")
+    for _ in range(3):
+        services.submit(digits(), owner="local", engine=engine)
+    assert repo.list_runs(engine).total == 3
+
+
+def test_cli_submissions_say_whose_they_are_and_respect_the_limits(team, engine, home, broker, monkeypatch, tmp_path):
+    import getpass
+
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    spec_file = tmp_path / "run.yaml"
+    spec_file.write_text(digits().to_yaml())
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "1")
+    done = CliRunner().invoke(app, ["submit", str(spec_file)])
+    assert done.exit_code == 0, done.output
+    run = repo.get_run(engine, done.output.strip().splitlines()[-1])
+    assert run.owner == f"cli:{getpass.getuser()}"  # not a signed-in identity: only an admin may cancel it
+    refused = CliRunner().invoke(app, ["submit", str(spec_file)])
+    assert refused.exit_code == 1 and "allows 1 per person" in refused.output
+    named = CliRunner().invoke(app, ["submit", str(spec_file), "--owner", "ana"])
+    assert named.exit_code == 0 and repo.list_runs(engine, owner="ana").total == 1
+    outside = CliRunner().invoke(app, ["submit", str(spec_file), "--owner", "ana2", "--set", "model.weights_file=/etc/passwd"])
+    assert outside.exit_code == 1 and "model.weights_file" in outside.output
