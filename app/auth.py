@@ -19,8 +19,9 @@ writes one (mode 0600) under the data folder from the environment and passes it 
 `--secrets.files`: configuration stays environment-only, as a compose deployment wants.
 
 The rules (`can_modify`, `check_can_modify`) are plain functions used by app/services.py, which
-enforces them; the pages only hide what would be refused. Streamlit is imported lazily, so the CLI
-and the services import this module cheaply.
+enforces them; the pages only hide what would be refused. The gate every page passes first is
+app/ui/gate.py. Streamlit is imported lazily here, so the CLI and the services import this module
+cheaply.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ ISSUER_ENV = "TORCHDECK_OIDC_ISSUER"
 WELL_KNOWN = "/.well-known/openid-configuration"
 MODES = ("local", "team")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-ACCOUNT_FLAG = "auth.account_recorded"  # session state: the key of the account recorded in this session
+SESSION_MAX_AGE_ENV = "TORCHDECK_SESSION_MAX_AGE_H"  # team mode: hours a sign-in counts (default 12; 0: no limit)
 
 
 class AuthNotConfigured(RuntimeError):
@@ -289,101 +290,22 @@ def local_refusal(ip: str | None, headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def gate() -> User:
-    """Called by app/main.py before any page: returns who is acting, or shows why not and stops the
-    script (no page, no data). Team mode: a sign-in screen, or a refusal for someone signed in who is
-    not a member. Local mode: refused to a remote client (served on another interface by hand) and to
-    any request through a reverse proxy."""
-    import streamlit as st
+def sign_in_too_old(claims: Mapping[str, Any], now: float | None = None) -> str | None:
+    """Why a sign-in must be renewed, or None. Streamlit's sign-in cookie lasts 30 days and keeps the claims of
+    the moment of sign-in (groups, e-mail): a sign-in older than TORCHDECK_SESSION_MAX_AGE_H (its ID token's
+    `iat`) is renewed, so that a change at the provider (a removed group, a disabled account) applies."""
+    import time
 
+    raw = os.environ.get(SESSION_MAX_AGE_ENV, "").strip()
     try:
-        team = team_mode()
-    except AuthNotConfigured as e:
-        st.error(str(e), icon=":material/lock:")
-        st.stop()
-    if not team:
-        refusal = local_refusal(st.context.ip_address, st.context.headers)
-        if refusal:
-            st.error(refusal, icon=":material/lock:")
-            st.stop()
-        return local_user()
-    if not _sign_in_configured():  # started with `streamlit run` instead of `torchdeck ui` / `torchdeck up`
-        st.error(f"{MODE_ENV}=team requires sign-in, and this dashboard was started without it. Start it with "
-                 "`torchdeck ui` (or `torchdeck up`), with the TORCHDECK_OIDC_* variables set.", icon=":material/lock:")
-        st.stop()
-    user = current_user()
-    if user is None:
-        sign_in_screen()
-        st.stop()
-    if not is_member(user):
-        not_a_member_screen(user)
-        st.stop()
-    _record_account(user)
-    return user
-
-
-def _record_account(user: User) -> None:
-    """Once per session: the account's name and verified e-mail, which the pages show instead of its key."""
-    import logging
-
-    import streamlit as st
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from app.services import get_engine
-    from db.repo import upsert_account
-
-    if st.session_state.get(ACCOUNT_FLAG) == user.id:
-        return
-    try:
-        upsert_account(get_engine(), user.id, user.name, user.email)
-    except SQLAlchemyError as e:  # the pages say what is wrong with the database; the next run tries again
-        logging.getLogger(__name__).warning("could not record the account %s: %s", user.id, e)
-        return
-    st.session_state[ACCOUNT_FLAG] = user.id
-
-
-def _sign_in_configured() -> bool:
-    import streamlit as st
-
-    try:
-        return "auth" in st.secrets
-    except FileNotFoundError:  # no secrets file at all (StreamlitSecretNotFoundError)
-        return False
-
-
-def sign_in_screen() -> None:
-    import streamlit as st
-
-    st.title(":material/local_fire_department: torchdeck")
-    st.markdown("This dashboard is shared by a team: sign in to see and launch runs.")
-    st.button("Sign in", type="primary", icon=":material/login:", key="auth.sign_in", on_click=st.login)
-
-
-def not_a_member_screen(user: User) -> None:
-    """Signed in, but matching no allow-list entry: who they are (the key an admin adds), and Sign out."""
-    import streamlit as st
-
-    from app.fmt import code_span, md_text
-
-    st.title(":material/local_fire_department: torchdeck")
-    st.error(f"{md_text(user.name)} is signed in but not a member of this dashboard; ask an admin to add you to "
-             f"{ALLOWED_USERS_ENV} (or your e-mail's domain to {ALLOWED_DOMAINS_ENV}, or you to a group of "
-             f"{ALLOWED_GROUPS_ENV}).", icon=":material/block:")
-    mail = f"verified e-mail {md_text(user.email)}" if user.email else "no verified e-mail"
-    st.caption(f"Your account: {code_span(user.id)}, {mail}.")
-    st.button("Sign out", type="primary", icon=":material/logout:", key="auth.sign_out", on_click=st.logout)
-
-
-def sidebar(user: User) -> None:
-    """Who is signed in (name and verified e-mail), and the sign-out control (team mode)."""
-    import streamlit as st
-
-    from app.fmt import md_text
-
-    if not team_mode():
-        return
-    with st.sidebar:
-        role = " · admin" if user.is_admin else ""
-        mail = f" ({md_text(user.email)})" if user.email and user.email.lower() != user.name.lower() else ""
-        st.caption(f"signed in as **{md_text(user.name)}**{mail}{role}")
-        st.button("Sign out", icon=":material/logout:", key="auth.sign_out", on_click=st.logout)
+        limit_h = float(raw) if raw else 12.0
+    except ValueError:
+        raise AuthNotConfigured(f"{SESSION_MAX_AGE_ENV}={raw!r} is not a number of hours") from None
+    issued = claims.get("iat")
+    if limit_h <= 0 or not isinstance(issued, (int, float)):
+        return None
+    age_h = ((now if now is not None else time.time()) - issued) / 3600
+    if age_h <= limit_h:
+        return None
+    return (f"Your sign-in is {age_h:.0f} hours old; this dashboard asks for a fresh one every {limit_h:g} hours "
+            f"({SESSION_MAX_AGE_ENV}), so that changes at the identity provider apply. Sign in again.")

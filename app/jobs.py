@@ -88,7 +88,7 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str
     from app.paths import check_paths
 
     try:
-        check_paths(spec, services.get_engine(), services.artifact_root())
+        spec = check_paths(spec, services.get_engine(), services.artifact_root())
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     try:
@@ -96,6 +96,8 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str
                                         timeout_s)
     except JobError as e:
         return {"ok": False, "error": str(e)}
+    if result.get("error"):
+        result["error"] = redact(result["error"])
     try:
         key = f"jobs/{job_id}/samples.png"
         result["grid"] = store.read_bytes(key) if store.exists(key) else None
@@ -125,4 +127,4 @@ def export_now(run_id: str, formats: list[str], checkpoint: str = "best", *, by:
     except JobError as e:
         return False, str(e)
     forget(store, job_id)
-    return bool(result.get("ok")), str(result.get("output", ""))
+    return bool(result.get("ok")), redact(result.get("output", ""))

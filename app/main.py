@@ -15,8 +15,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/, not the 
 
 import streamlit as st
 
-from app import auth
-from app.ui import frame
+from app.ui import frame, gate
 from core.redact import redact_logs
 
 redact_logs()  # no password of a URL in the dashboard's log lines
@@ -24,7 +23,7 @@ redact_logs()  # no password of a URL in the dashboard's log lines
 PAGES = ROOT / "app" / "app_pages"
 
 st.set_page_config(page_title="torchdeck", page_icon="🔥", layout="wide")
-user = auth.gate()  # team mode: nobody sees a page (or any data) before signing in
+user = gate.gate()  # team mode: nobody sees a page (or any data) before signing in
 
 pages = {
     "Experiments": [
@@ -41,6 +40,6 @@ pages = {
 }
 page = st.navigation(pages)
 frame.sidebar()
-auth.sidebar(user)
+gate.sidebar(user)
 if frame.schema_ok():
     page.run()

@@ -6,8 +6,9 @@ stored or a pre-flight is sent, so that nobody reads the host's files through a 
 - Local mode: anything under the data folder ($TORCHDECK_HOME), the current folder, $TORCHDECK_DATA and the
   folders in TORCHDECK_PATH_ROOTS.
 
-Paths are compared after resolving links and `..`, so a link out of a root is outside it. A refusal names the
-field and the allowed folders, never what lies outside them.
+Paths are compared after resolving links and `..`, so a link out of a root is outside it, and stored absolute,
+so the worker reads what was checked. A refusal names the field and the allowed folders, never what lies
+outside them. Workers do not check again: they run what the queue gives them (see SECURITY.md).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
     if spec.data.path:
         path = _resolved(spec.data.path)
         roots = data_roots()
-        if not (_inside(path, roots) or _registered(path, engine)):
+        # An uploaded dataset is an image folder to read: never a torchvision root to download into.
+        registered = spec.data.name == "imagefolder" and _registered(path, engine)
+        if not (_inside(path, roots) or registered):
             hint = ("choose an uploaded dataset (Datasets page)" if team_mode()
                     else f"move the data under one of them, or add its folder to {ROOTS_ENV}")
             problems.append(_refusal("data.path", roots, hint))
@@ -80,8 +83,22 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
     return problems
 
 
-def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path) -> None:
-    """SpecError (a ValueError naming each field) when the spec reads files it may not."""
+def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path) -> RunSpec:
+    """The spec with its paths made absolute (a worker elsewhere, or in another folder, reads what was checked),
+    or SpecError (a ValueError naming each field) when it reads files it may not."""
     problems = path_problems(spec, engine, artifact_root)
     if problems:
         raise SpecError(problems)
+    data, model = spec.data, spec.model
+    if data.path:
+        data = data.model_copy(update={"path": _absolute(data.path)})
+    if model.weights_file:
+        model = model.model_copy(update={"weights_file": _absolute(model.weights_file)})
+    return spec.model_copy(update={"data": data, "model": model})
+
+
+def _absolute(path: str) -> str:
+    """Relative to this process's folder, as it was checked; links kept (an uploaded dataset keeps the path
+    it is registered under, which workers on other hosts look up)."""
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else Path.cwd() / p)

@@ -3,6 +3,7 @@ runs are enqueued by task name, so the UI never imports the training code."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -150,7 +151,7 @@ def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags
     from app.paths import check_paths
 
     engine = engine or get_engine()
-    check_paths(spec, engine, artifact_root())
+    spec = check_paths(spec, engine, artifact_root())
     run = create_run(engine, spec.model_dump(mode="json"), name=name or spec.name, owner=owner, tags=tags or [],
                      parent_id=parent_id, max_queued=max_queued_per_owner())
     try:
@@ -223,8 +224,10 @@ def owner_labels(keys: Iterable[str | None], engine: Engine | None = None) -> di
         a = found.get(key)
         if a is None:
             labels[key] = key
-        else:
-            labels[key] = f"{a.name} ({a.email})" if a.email and a.email.lower() != a.name.lower() else a.name
+        elif a.email:
+            labels[key] = f"{a.name} ({a.email})" if a.email.lower() != a.name.lower() else a.name
+        else:  # a name anyone may choose at the provider: marked, and told apart from a look-alike by its key
+            labels[key] = f"{a.name} (unverified {hashlib.sha256(key.encode()).hexdigest()[:6]})"
     return labels
 
 

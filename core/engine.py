@@ -25,6 +25,7 @@ from core.names import (
     CHECKPOINT_FILES,
     CLASS_ACC_PREFIX,
     MAX_CONFUSION_CLASSES,
+    MAX_PER_CLASS_SHOWN,
     DATA_WAIT,
     DATA_WAIT_EPOCH,
     EPOCH_TIME,
@@ -327,8 +328,12 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
         data["confusion"] = cm.tolist()
     else:  # C×C numbers in every epoch's event would be megabytes: the most confused pairs instead
         data["top_confusions"] = top_confusions(cm, names)
+    if len(names) > MAX_PER_CLASS_SHOWN:  # thousands of classes: the ones that need attention, within the event cap
+        worst = sorted(range(len(names)), key=per_class.__getitem__)[:MAX_PER_CLASS_SHOWN]
+        data.update(per_class_acc=[round(per_class[i], 4) for i in worst], class_names=[names[i] for i in worst],
+                    classes_shown=f"the {len(worst)} classes with the lowest accuracy, of {len(names)}")
     shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
-    if shortened:
+    if shortened and len(names) <= 50:
         data["class_keys"] = shortened  # the full name of each shortened per-class key
     t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}", data,
                  step=t.global_step)

@@ -54,6 +54,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".
 MAX_IMAGE_PIXELS = 64_000_000
 # Evaluation events carry the whole confusion matrix up to this many classes (the most confused pairs beyond).
 MAX_CONFUSION_CLASSES = 50
+MAX_PER_CLASS_SHOWN = 200  # an evaluation event names at most this many classes (the lowest accuracies)
 
 # --- metric keys --------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"

@@ -10,9 +10,11 @@ import logging
 import re
 
 MASK = "***"
-# scheme://user:password@host — the password is whatever lies between the first ':' after the scheme's
-# '//' and the last '@' before the host (passwords may hold '@' when not percent-encoded).
-_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]*:)(?P<secret>[^\s/]*)@(?=[^\s@/]*(?:[/\s?#]|$))")
+# scheme://user:password@host: the user info ends at the last '@' before the path (the first '@' followed by a
+# non-empty host free of '@'), so passwords may hold '@' and '/', and users '@' (me@corp.com:pw@host).
+_URL = re.compile(r"\b(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<rest>\S+)")
+_HOST = re.compile(r"[^/?#]*")  # what follows the user info, up to the path
+_TOKEN_SCHEMES = ("http://", "https://")  # https://<token>@host: a user name alone is a credential there
 _QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|secret|token|access_key|secret_key|client_secret)=)"
                     r"(?P<secret>[^&\s#]+)", re.IGNORECASE)
 
@@ -22,8 +24,33 @@ def redact(text: object) -> str:
     s = str(text)
     if "://" not in s and "=" not in s:
         return s
-    s = _USERINFO.sub(lambda m: f"{m['head']}{MASK}@" if m["secret"] else m[0], s)
+    s = _URL.sub(_masked_url, s)
     return _QUERY.sub(lambda m: f"{m['head']}{MASK}", s)
+
+
+def _userinfo_end(rest: str) -> int | None:
+    at = rest.find("@")
+    while at >= 0:
+        host = _HOST.match(rest, at + 1)[0]  # type: ignore[index] - the pattern matches ''
+        if host and "@" not in host:
+            return at
+        at = rest.find("@", at + 1)
+    return None
+
+
+def _masked_url(m: re.Match[str]) -> str:
+    scheme, rest = m["scheme"], m["rest"]
+    at = _userinfo_end(rest)
+    if at is None:
+        return m[0]
+    user, colon, password = rest[:at].partition(":")
+    if "/" in user:  # an '@' in the path, not user info
+        return m[0]
+    if colon:
+        return f"{scheme}{user}:{MASK}@{rest[at + 1:]}" if password else m[0]
+    if scheme.lower() in _TOKEN_SCHEMES and user:
+        return f"{scheme}{MASK}@{rest[at + 1:]}"
+    return m[0]
 
 
 def redact_data(value: object) -> object:

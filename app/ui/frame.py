@@ -9,6 +9,7 @@ from app import services
 from app.fmt import code_span
 from app.ui import queries
 from core.names import CLAIMABLE_STATUSES
+from core.redact import redact
 from db.migrate import check_schema
 from db.repo import SchemaOutOfDate
 
@@ -53,8 +54,8 @@ def sidebar() -> None:
             running, queued = _active_counts(queries.db_url())
             st.caption(f"{running} running · {queued} queued")
         url = queries.db_url()
-        st.caption(f"database: {code_span(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1])}")
-        st.caption(f"broker: {code_span(services.broker_url().split('@')[-1])}")
+        st.caption(f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}")
+        st.caption(f"broker: {code_span(redact(services.broker_url().split('@')[-1]))}")
 
 
 def open_run(run_id: str) -> None:

@@ -128,7 +128,8 @@ def evaluation_panel(r: RunRecord, events: list[EventRecord]) -> None:
         return
     last = evals[-1].data
     names = last.get("class_names") or [str(i) for i in range(len(last["per_class_acc"]))]
-    st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.")
+    shown = f" Per-class accuracy of {f.md_text(last['classes_shown'])}." if last.get("classes_shown") else ""
+    st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.{shown}")
     left, right = st.columns(2)
     if last.get("confusion"):
         left.plotly_chart(charts.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),

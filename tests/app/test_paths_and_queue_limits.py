@@ -130,3 +130,20 @@ def test_cli_submissions_say_whose_they_are_and_respect_the_limits(team, engine,
     assert named.exit_code == 0 and repo.list_runs(engine, owner="ana").total == 1
     outside = CliRunner().invoke(app, ["submit", str(spec_file), "--owner", "ana2", "--set", "model.weights_file=/etc/passwd"])
     assert outside.exit_code == 1 and "model.weights_file" in outside.output
+
+
+def test_a_relative_path_is_stored_as_it_was_checked(engine, home, broker, monkeypatch):
+    """A worker runs in another folder (or on another host): the run keeps the absolute path that was checked."""
+    monkeypatch.chdir(home)
+    run = services.submit(imagefolder("datasets/pets"), engine=engine)
+    assert repo.get_run(engine, run.id).spec["data"]["path"] == str(home / "datasets" / "pets")
+
+
+def test_an_uploaded_dataset_is_never_a_download_folder(team, engine, home, monkeypatch):
+    """A torchvision dataset with download=true pointed at someone's uploaded folder would write into it."""
+    monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
+    uploaded = home / "datasets" / "pets"
+    repo.create_dataset(engine, "pets", str(uploaded), classes=["cat", "dog"], counts={"cat": 1, "dog": 1},
+                        status="ready", owner="ana")
+    spec = RunSpec.from_dict({"data": {"name": "mnist", "path": str(uploaded), "download": True}})
+    assert [f for f, _ in paths.path_problems(spec, engine, services.artifact_root())] == ["data.path"]

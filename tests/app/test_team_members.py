@@ -50,3 +50,40 @@ def test_members_are_recorded_once_per_session_and_named_by_their_account(team, 
     at = team_page("run.py", claims(ANA), id=run.id)
     assert any(f"owner {fmt.md_text(f'Bob ({BOB})')}" in c.value for c in at.caption)
     assert not any(ISS in c.value for c in at.caption)
+
+
+def test_a_sign_in_older_than_the_limit_is_renewed_before_any_data(team, engine, monkeypatch):
+    """Streamlit keeps the claims of the moment of sign-in for 30 days: someone removed from a group since
+    must not keep the access it gave. Older than TORCHDECK_SESSION_MAX_AGE_H (default 12 h), sign in again."""
+    import time
+
+    seed_run(engine, "secret-run", owner=BOB)
+    old = {**claims(ANA), "iat": int(time.time()) - 13 * 3600}
+    at = team_page("runs.py", old)
+    assert not at.exception
+    assert any("Your sign-in is 13 hours old" in w.value and "every 12 hours" in w.value for w in at.warning)
+    assert [b.label for b in at.button] == ["Sign in again"]
+    assert len(at.dataframe) == 0 and "secret-run" not in str(at.main) + str(at.sidebar)
+    monkeypatch.setenv(auth.SESSION_MAX_AGE_ENV, "24")
+    assert list(team_page("runs.py", old).dataframe[0].value["name"]) == ["secret-run"]
+    fresh = {**claims(ANA), "iat": int(time.time())}
+    monkeypatch.delenv(auth.SESSION_MAX_AGE_ENV)
+    assert list(team_page("runs.py", fresh).dataframe[0].value["name"]) == ["secret-run"]
+    assert auth.sign_in_too_old({"iat": 0}, now=13 * 3600) and not auth.sign_in_too_old({"iat": 0}, now=11 * 3600)
+    monkeypatch.setenv(auth.SESSION_MAX_AGE_ENV, "0")  # 0: no limit
+    assert auth.sign_in_too_old({"iat": 0}, now=10**9) is None
+
+
+def test_an_account_without_a_verified_e_mail_cannot_pass_for_someone_else(team, engine):
+    """A name is whatever one types at the provider: `Bob (bob@example.com)` typed as a name is shown marked
+    unverified, with a tag of its key, never as Bob's own label."""
+    from app import services
+
+    bob = auth.user_from_claims({"is_logged_in": True, **claims(BOB)})
+    mimic = {"is_logged_in": True, "iss": ISS, "sub": "mimic", "name": f"Bob ({BOB})"}
+    fake = auth.user_from_claims(mimic)
+    repo.upsert_account(engine, bob.id, bob.name, bob.email)
+    repo.upsert_account(engine, fake.id, fake.name, fake.email)
+    labels = services.owner_labels([bob.id, fake.id], engine)
+    assert labels[bob.id] == f"Bob ({BOB})"
+    assert labels[fake.id].startswith(f"Bob ({BOB}) (unverified ") and labels[fake.id] != labels[bob.id]

@@ -277,7 +277,13 @@ def test_a_run_too_big_for_the_host_fails_at_once_saying_why(tmp_path, monkeypat
     from core.events import MemorySink
     from core.train import run_training
 
+    from core import data
+
+    def generated(*args, **kwargs):
+        raise AssertionError("the synthetic set was generated before the memory check refused it")
+
     monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(data, "_synthetic", generated)  # torch's allocations are invisible to tracemalloc
     spec = RunSpec.from_dict({"data": {"name": "synthetic", "num_samples": 1_000_000, "size": 32}, "device": "cpu"})
     tracemalloc.start()
     try:
@@ -440,6 +446,16 @@ def test_an_evaluation_of_more_than_50_classes_carries_the_top_confusions_not_th
     assert all(t in data["class_names"] and p in data["class_names"] and t != p and n > 0 for t, p, n in pairs)
     assert [n for _, _, n in pairs] == sorted((n for _, _, n in pairs), reverse=True)
     assert len(json.dumps(data)) < 8_000
+
+
+def test_an_evaluation_of_1000_classes_names_the_200_least_accurate_within_the_event_cap(tmp_path):
+    from core.names import MAX_EVENT_DATA, MAX_PER_CLASS_SHOWN, bounded
+
+    (data,) = _evaluations(tmp_path, 1000)
+    assert len(data["per_class_acc"]) == len(data["class_names"]) == MAX_PER_CLASS_SHOWN == 200
+    assert data["per_class_acc"] == sorted(data["per_class_acc"])  # the classes that need attention first
+    assert data["classes_shown"] == "the 200 classes with the lowest accuracy, of 1000"
+    assert bounded(data) is data and len(json.dumps(data)) < MAX_EVENT_DATA  # stored whole: the Run page shows it
 
 
 def test_an_evaluation_of_50_classes_keeps_the_whole_matrix(tmp_path):

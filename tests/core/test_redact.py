@@ -70,8 +70,8 @@ def test_emails_and_key_values_are_unchanged(parts):
 @given(_SCHEME, _USER, _HOST, _PORT, _PATH, _WORDS)
 def test_urls_without_a_password_are_unchanged(scheme, user, host, port, path, words):
     rest = f"{host}{f':{port}' if port else ''}{path}"
-    for url in (f"{scheme}://{rest}", f"{scheme}://{user}@{rest}" if user else f"{scheme}://{rest}",
-                f"{scheme}://{rest}?timeout=5&db=0"):
+    named = f"{scheme}://{user}@{rest}" if user and scheme != "https" else f"{scheme}://{rest}"  # https: a token
+    for url in (f"{scheme}://{rest}", named, f"{scheme}://{rest}?timeout=5&db=0"):
         assert redact(f"{words} {url} {words}") == f"{words} {url} {words}"
 
 
@@ -138,3 +138,19 @@ def test_logged_tracebacks_are_masked_too(caplog):
     assert "export of run abc failed" in caplog.text and "ConnectionError: cannot connect to" in caplog.text
     assert SECRET not in caplog.text
     assert "redis://:***@127.0.0.1:1/0" in caplog.text
+
+
+def test_the_hard_cases_are_masked_too():
+    """Passwords holding '/' or '@', user names holding '@' (Azure's me@corp.com), a token as the only user
+    info of an https URL, a URL in quotes; an '@' in a path is not user info."""
+    cases = {
+        f"redis://:pa/{SECRET}@h": "redis://:***@h",
+        f"postgresql://me@corp.com:{SECRET}@h/db": "postgresql://me@corp.com:***@h/db",
+        f"https://{SECRET}@github.com/org/repo.git": "https://***@github.com/org/repo.git",
+        f"url='redis://:{SECRET}@host:6379/0'": "url='redis://:***@host:6379/0'",
+        f"redis://:p@{SECRET}@host/0": "redis://:***@host/0",
+        "https://host/people/@ana": "https://host/people/@ana",
+        "postgresql://me@host/db": "postgresql://me@host/db",
+    }
+    for text, shown in cases.items():
+        assert redact(text) == shown

@@ -16,7 +16,7 @@ from db.errors import SchemaOutOfDate
 from db.migrate import check_schema, current_revision, downgrade, head_revision, upgrade
 from db.models import Base
 
-TABLES = {"run", "run_tag", "metric", "metric_rollup", "event", "artifact", "worker", "dataset"}
+TABLES = {"run", "run_tag", "metric", "metric_rollup", "event", "artifact", "worker", "dataset", "account"}
 
 
 def test_upgrade_creates_every_table_at_head(database_url: str) -> None:
@@ -130,3 +130,25 @@ def test_a_database_from_a_newer_torchdeck_is_refused_without_suggesting_upgrade
     with pytest.raises(SchemaOutOfDate, match="a newer torchdeck upgraded it") as caught:
         check_schema(engine)
     assert "ffff_from_the_future" in str(caught.value)
+
+
+def test_0003_keys_owners_on_identities_and_a_downgrade_keeps_them(database_url: str) -> None:
+    """Owners are `<issuer>#<subject>` keys since 0003 (longer than the old 100 characters); datasets get an
+    owner (NULL for those uploaded before). Going back to 0002 and up again keeps every owner."""
+    upgrade(database_url, "0002")
+    engine = make_engine(database_url)
+    try:
+        old = repo.create_run(engine, {"lr": 0.1}, owner="ana@example.com")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO dataset (id, name, uri, classes, counts, status, created_at) VALUES "
+                                 "('d1', 'pets', '/data/pets', '[]', '{}', 'ready', '2026-01-01 00:00:00+00:00')")
+        upgrade(database_url)
+        key = "https://sso.example.com/realms/a-rather-long-realm-name/protocol/openid-connect#" + "f" * 250
+        new = repo.create_run(engine, {"lr": 0.2}, owner=key)
+        assert repo.get_dataset(engine, "d1").owner is None
+        assert repo.upsert_account(engine, key, "Ana", "ana@example.com").email == "ana@example.com"
+        assert downgrade(database_url, "0002") == "0002"
+        upgrade(database_url)
+        assert repo.get_run(engine, new.id).owner == key and repo.get_run(engine, old.id).owner == "ana@example.com"
+    finally:
+        engine.dispose()
