@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -189,9 +190,10 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
     if any(d.name == name for d in repo.list_datasets(engine)):
         raise UploadRefused(f"a dataset named {name!r} exists already; choose another name")
     root = datasets_root()
-    final = root / name
+    # A folder of its own per upload: runs of a deleted dataset never read a later upload of the same name.
+    final = root / f"{name}-{secrets.token_hex(3)}"
     if final.exists():
-        raise UploadRefused(f"the folder {final} exists already; choose another name")
+        raise UploadRefused(f"the folder {final} exists already; upload again")
     if not zipfile.is_zipfile(data):
         raise UploadRefused("this is not a zip archive")
     data.seek(0)
@@ -206,7 +208,7 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     try:
-        publish(name, final)
+        publish(final.name, final)
     except Exception as e:  # noqa: BLE001 - any store failure refuses the upload, leaving nothing
         shutil.rmtree(final, ignore_errors=True)
         raise UploadRefused(f"the dataset could not be copied to the artifact store, where workers on other "
@@ -215,8 +217,9 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
                                owner=owner)
 
 
-def store_key(name: str) -> str:
-    return f"datasets/{name}.zip"  # where workers look for it (worker.artifacts.localize_dataset)
+def store_key(folder: str) -> str:
+    """Where workers look for an upload (worker.artifacts.localize_dataset): by its folder's name."""
+    return f"datasets/{folder}.zip"
 
 
 def shared_store():
@@ -259,11 +262,10 @@ def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
     """Delete an uploaded dataset and its files. app.auth.PermissionDenied unless `by` may."""
     record = repo.get_dataset(engine, dataset_id)
     check_can_remove(by, record)
-    name = record.name
     uri = repo.delete_dataset(engine, dataset_id)
     store = shared_store()
     if store is not None:
-        store.delete(store_key(name))
+        store.delete(store_key(Path(uri).name))
     path = Path(uri).resolve()
     if datasets_root() in path.parents:
         shutil.rmtree(path, ignore_errors=True)

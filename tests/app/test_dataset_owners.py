@@ -3,6 +3,8 @@ reflected on the Datasets page; a dataset uploaded before datasets had owners ma
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from streamlit.testing.v1 import AppTest
 from test_datasets_page import GOOD, make_zip
@@ -41,9 +43,9 @@ def test_only_the_uploader_or_an_admin_deletes_a_dataset(team, engine, home):
         ds.remove(engine, pets.id, by=who(BOB))
     with pytest.raises(auth.PermissionDenied):
         ds.remove(engine, pets.id, by=None)
-    assert repo.get_dataset(engine, pets.id).status == "ready" and (home / "datasets" / "pets" / "cat").is_dir()
+    assert repo.get_dataset(engine, pets.id).status == "ready" and (Path(pets.uri) / "cat").is_dir()
     ds.remove(engine, pets.id, by=who(ANA))
-    assert repo.list_datasets(engine) == [] and not (home / "datasets" / "pets").exists()
+    assert repo.list_datasets(engine) == [] and not Path(pets.uri).exists()
     birds = upload(engine, "birds", who(BOB))
     ds.remove(engine, birds.id, by=who(ROOT))  # an admin may delete anyone's
     assert repo.list_datasets(engine) == []

@@ -58,9 +58,10 @@ def test_upload_stores_registers_and_previews(page, engine, home):
     next(b for b in at.button if b.label == "Upload and check").click()
     at.run()
     assert any("Stored pets: 3 images in 2 classes" in s.value for s in at.success), [e.value for e in at.error]
-    stored = home / "datasets" / "pets"
-    assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*.png")) == ["cat/1.png", "cat/2.png", "dog/1.png"]
     record = repo.list_datasets(engine)[0]
+    stored = Path(record.uri)
+    assert stored.parent == home / "datasets" and stored.name.startswith("pets-")  # a folder of its own
+    assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*.png")) == ["cat/1.png", "cat/2.png", "dog/1.png"]
     assert record.uri == str(stored) and record.counts == {"cat": 2, "dog": 1} and record.status == "ready"
     at.run()
     assert len(at.image) == 3 and sorted(i.proto.imgs[0].caption for i in at.image) == ["cat", "cat", "dog"]
@@ -117,3 +118,15 @@ def test_archives_that_unpack_beyond_the_limit_are_refused(engine, home, monkeyp
     with pytest.raises(ds.UploadRefused, match="unpacks to 2 MB; the limit is 1 MB"):
         _store(engine, "big", make_zip(big))
     assert list((home / "datasets").iterdir()) == []
+
+
+def test_a_new_upload_under_a_deleted_datasets_name_is_never_read_by_the_old_runs(engine, home):
+    """Runs keep the folder they were given: after a dataset is deleted and another uploaded under its name,
+    the old runs find nothing (and say so) instead of training on someone else's images."""
+    from app import auth
+
+    first = _store(engine, "pets", make_zip(GOOD))
+    ds.remove(engine, first.id, by=auth.local_user())
+    second = _store(engine, "pets", make_zip({"pets/ant/1.png": png("red"), "pets/bee/1.png": png("blue")}))
+    assert second.uri != first.uri and not Path(first.uri).exists()
+    assert sorted(p.name for p in Path(second.uri).iterdir()) == ["ant", "bee"]

@@ -137,7 +137,8 @@ def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypa
     record = ds.store_upload(env, "pets", data, len(data.getvalue()), owner="local")
     store = services.artifact_store()
     shared = ds.shared_store() is not None  # local store under $TORCHDECK_HOME: workers read the folder itself
-    assert store.exists(dataset_key("pets")) == shared
+    folder = Path(record.uri).name  # pets-<token>: a folder (and a store key) of its own per upload
+    assert store.exists(dataset_key(folder)) == shared
     spec = RunSpec.from_dict({"data": {"name": "imagefolder", "path": record.uri}})
     assert localize_dataset(spec, store, env) is spec  # the folder is here: used as is
     if shared:
@@ -146,12 +147,12 @@ def test_uploaded_dataset_reaches_workers_on_other_hosts(env, tmp_path, monkeypa
         moved = tmp_path / "elsewhere"
         Path(record.uri).rename(moved)
         local = localize_dataset(spec, store, env)
-        assert local.data.path == str(tmp_path / "worker-host" / "datasets" / ".store" / "pets.zip")
+        assert local.data.path == str(tmp_path / "worker-host" / "datasets" / ".store" / f"{folder}.zip")
         with zipfile.ZipFile(local.data.path) as zf:
             assert sorted(zf.namelist()) == [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(3)]
         Path(moved).rename(record.uri)
     ds.remove(env, record.id, by=auth.local_user())
-    assert not store.exists(dataset_key("pets"))
+    assert not store.exists(dataset_key(folder))
 
 
 def _trained_run(engine):
