@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import BinaryIO
 from urllib.parse import urlparse
@@ -158,9 +159,15 @@ class S3Store(ArtifactStore):
         text = f"{e.__class__.__name__} {e}"
         if "NoSuchBucket" in text or "does not exist" in text.lower():
             return f"create the bucket {self.bucket!r} (or fix the bucket name in TORCHDECK_ARTIFACTS)"
-        if any(s in text for s in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
+        if "EndpointConnectionError" in text or "Could not connect" in text:  # its URL may hold any digits
+            return self._unreachable()
+        if any(s in text for s in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")) \
+                or re.search(r"\b403\b", text):
             return "give AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of a user allowed to read and write the bucket"
         if "NoCredentials" in text or "Unable to locate credentials" in text:
             return "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+        return self._unreachable()
+
+    def _unreachable(self) -> str:
         return (f"check that the S3 endpoint ({self.endpoint_url or 'AWS'}) is reachable from this host "
                 f"({ENDPOINT_ENV} for MinIO or another S3-compatible service) and the credentials are right")

@@ -175,6 +175,17 @@ def test_check_reports_a_missing_bucket_and_a_dead_endpoint(moto_s3, monkeypatch
     assert not result.ok and "reachable" in result.fix, str(result)
 
 
+def test_a_dead_endpoint_is_told_apart_from_a_refusal_whatever_its_port():
+    """A connection error's message holds the endpoint's port: port 40393 is not an HTTP 403."""
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    store = S3Store("s3://bucket/x")
+    dead = EndpointConnectionError(endpoint_url="http://127.0.0.1:40393/bucket/x/probe")
+    assert "reachable" in store._fix(dead)
+    refused = ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "PutObject")
+    assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in store._fix(refused)
+
+
 def test_urls_and_local_fast_path(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TORCHDECK_ARTIFACTS", raising=False)
