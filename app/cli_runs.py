@@ -165,35 +165,55 @@ def runs(
     typer.echo(f"{page.total} run(s)")
 
 
+WORKERS_HELP = ("CPU workers side by side on this machine, each running one run, the torch threads split between them "
+                "(an OMP_NUM_THREADS you set is each one's instead). At most one per CPU core. With GPUs one worker per GPU "
+                "is the rule: on a GPU host give --queues cpu for CPU workers.")
+
+
 def worker(
     gpus: Annotated[str | None, typer.Option(help="GPU indices, e.g. 0,1: one worker process per GPU.")] = None,
     queues: Annotated[str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")] = None,
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also start this host's CPU-only worker for the "
                                        "dashboard's pre-flight and export jobs (the `jobs` queue).")] = True,
+    workers: Annotated[int | None, typer.Option("--workers", help=WORKERS_HELP + " [default: 1]")] = None,
 ) -> None:
-    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one CPU worker,
-    plus one small worker for the dashboard's jobs (pre-flight, export now)."""
-    from app.launcher import (
-        ProcessGroup,
-        gpu_count,
-        jobs_worker_command,
-        worker_commands,
-    )
+    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or --workers CPU
+    workers, plus one small worker for the dashboard's jobs (pre-flight, export now)."""
+    from app.launcher import ProcessGroup, jobs_worker_command
 
-    _engine()  # refuses an out-of-date schema before anything starts
-    gpu_list = [int(g) for g in gpus.split(",")] if gpus else list(range(gpu_count()))
     qs = [q.strip() for q in queues.split(",")] if queues else None
+    commands = _worker_commands(gpus, qs, workers)  # refuses before anything starts
+    _engine()  # refuses an out-of-date schema before anything starts
     group = ProcessGroup()
     names = []
-    for cmd, env in worker_commands(gpu_list, qs):
+    for cmd, env in commands:
         names.append(cmd[cmd.index("-n") + 1].split("@")[0])
-        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})")
+        threads = f", {env['OMP_NUM_THREADS']} torch thread(s)" if "OMP_NUM_THREADS" in env else ""
+        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}{threads})")
         group.start("worker", cmd, env)
     if jobs and JOBS_QUEUE not in (qs or []):
         cmd, env = jobs_worker_command(f"jobs-{names[0]}")  # unique per `torchdeck worker` of a host
         typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (queue {JOBS_QUEUE}: pre-flight and export for the dashboard, CPU only)")
         group.start("jobs", cmd, env)
     _wait(group)
+
+
+def _worker_commands(gpus: str | None, qs: list[str] | None, workers: int | None):
+    """The worker processes of `torchdeck worker`; exit 2 with the reason when --workers does not fit.
+    `--queues cpu --workers N` without --gpus asks for CPU workers, even on a GPU host."""
+    from app.launcher import gpu_count, worker_commands
+
+    if gpus:
+        gpu_list = [int(g) for g in gpus.split(",")]
+    elif qs == ["cpu"] and workers is not None:
+        gpu_list = []
+    else:
+        gpu_list = list(range(gpu_count()))
+    try:
+        return worker_commands(gpu_list, qs, cpu_workers=1 if workers is None else workers)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 def _wait(group) -> None:
@@ -218,14 +238,17 @@ def _wait(group) -> None:
 def up(
     port: Annotated[int, typer.Option(help="UI port.")] = 8501,
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Start the broker and the worker only.")] = False,
+    workers: Annotated[int, typer.Option("--workers", help="CPU workers side by side, each running one run, the torch "
+                                         "threads split between them (an OMP_NUM_THREADS you set is each one's instead); "
+                                         "at most one per CPU core. A GPU machine runs one local worker.")] = 1,
 ) -> None:
-    """Embedded mode: a private Redis, one local worker and the UI, with SQLite under TORCHDECK_HOME."""
+    """Embedded mode: a private Redis, one local worker (or --workers CPU workers) and the UI, with SQLite
+    under TORCHDECK_HOME."""
     from app.launcher import (
         ProcessGroup,
         jobs_worker_command,
         start_private_redis,
         ui_command,
-        worker_commands,
     )
     from app.services import spec_of
     from db.engine import data_home
@@ -236,6 +259,7 @@ def up(
     (home / "logs").mkdir(exist_ok=True)
     os.environ.setdefault("TORCHDECK_HOME", str(home))
     ui = None if no_ui else _ui_command(ui_command, home, port)  # refuses before anything starts
+    commands, banner = _up_workers(workers)  # so does a --workers that does not fit
     rev = upgrade()
     group = ProcessGroup()
     try:
@@ -243,9 +267,9 @@ def up(
             os.environ["TORCHDECK_BROKER_URL"] = start_private_redis(home, group)
             # Other terminals (`torchdeck submit`) find the private broker through this file.
             (home / "broker.url").write_text(os.environ["TORCHDECK_BROKER_URL"])
-        for cmd, env in worker_commands(None, ["gpu", "cpu"]):
+        for i, (cmd, env) in enumerate(commands, start=1):
             env.pop("CUDA_VISIBLE_DEVICES")  # the local worker sees every GPU the machine has
-            group.start("worker", cmd, env, log=home / "logs" / "worker.log")
+            group.start("worker", cmd, env, log=home / "logs" / ("worker.log" if i == 1 else f"worker{i}.log"))
         cmd, env = jobs_worker_command()  # pre-flight and export now, beside the runs
         group.start("jobs", cmd, env, log=home / "logs" / "jobs.log")
         _requeue_queued(list_runs, spec_of)
@@ -254,6 +278,7 @@ def up(
             typer.echo(f"torchdeck is up: http://{ui[ui.index('--server.address') + 1]}:{port}")
         else:
             typer.echo("torchdeck worker is up (no UI); submit runs with `torchdeck submit SPEC.yaml`")
+        typer.echo(banner)
         typer.echo(f"data: {home}  (schema {rev}); logs: {home / 'logs'}; Ctrl-C stops everything")
     except Exception:
         group.stop()
@@ -262,6 +287,26 @@ def up(
         _wait(group)
     finally:
         (home / "broker.url").unlink(missing_ok=True)
+
+
+def _up_workers(workers: int) -> tuple[list, str]:
+    """The local workers of `torchdeck up` (queues gpu and cpu) and the line that describes them; exit 2 with
+    the reason when --workers does not fit. A GPU machine runs one local worker, which sees every GPU."""
+    from app.launcher import gpu_count, worker_commands
+
+    gpus = gpu_count()
+    try:
+        if workers > 1 and gpus:
+            raise ValueError(f"--workers {workers}: this machine has {gpus} GPU(s), and `torchdeck up` runs one local "
+                             "worker that owns them (one worker per GPU is the rule); --workers is for CPU-only machines")
+        commands = worker_commands(None, ["gpu", "cpu"], cpu_workers=workers)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    threads = commands[0][1]["OMP_NUM_THREADS"]
+    if gpus:
+        return commands, f"workers: 1, with this machine's {gpus} GPU(s) and {threads} torch thread(s)"
+    return commands, f"workers: {len(commands)} CPU worker(s) side by side, {threads} torch thread(s) each"
 
 
 def _ui_command(ui_command, home: Path, port: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Starting processes: Celery workers (one per GPU), the private Redis of embedded mode, the UI.
+"""Starting processes: Celery workers (one per GPU, or N CPU workers), the private Redis of embedded mode, the UI.
 
 Workers are started by command line (`celery -A worker.celery_app worker`), so this module
 never imports the worker package or torch.
@@ -32,6 +32,39 @@ def gpu_count() -> int:
         return 0
 
 
+def cpu_cores() -> int:
+    """The CPUs this process may run on (a container's cpuset, `taskset`), else every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def physical_cores() -> int:
+    """Physical cores among them: torch's own default thread count (it leaves hyper-threads alone)."""
+    import psutil
+
+    return max(1, min(cpu_cores(), psutil.cpu_count(logical=False) or cpu_cores()))
+
+
+def check_cpu_workers(n: int, gpus: list[int] | None = None) -> None:
+    """ValueError, with what to do instead, unless `n` CPU workers make sense here."""
+    if n < 1:
+        raise ValueError(f"--workers must be at least 1 (got {n})")
+    if n > 1 and gpus:
+        raise ValueError(f"--workers {n} is for CPU workers: a GPU host runs one worker per GPU ({len(gpus)} here), "
+                         "so each run owns its GPU. For CPU workers on this host: torchdeck worker --queues cpu --workers N")
+    if n > cpu_cores():
+        raise ValueError(f"--workers {n} is more than the {cpu_cores()} CPU core(s) of this machine: "
+                         "more workers than cores only slows every run down")
+
+
+def cpu_threads(n: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The thread settings of each of `n` CPU workers, torch's threads split between them (read by torch at
+    import in each run's process). An OMP_NUM_THREADS / MKL_NUM_THREADS of the environment wins."""
+    environ = os.environ if environ is None else environ
+    threads = environ.get("OMP_NUM_THREADS") or str(max(1, physical_cores() // n))
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": environ.get("MKL_NUM_THREADS") or threads}
 
 
 def _celery_worker(loglevel: str) -> list[str]:
@@ -39,8 +72,12 @@ def _celery_worker(loglevel: str) -> list[str]:
             "--without-gossip", "--without-mingle", "-l", loglevel]
 
 
-def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO") -> list[tuple[list[str], dict[str, str]]]:
-    """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; one CPU worker when there are none."""
+def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO",
+                    cpu_workers: int = 1) -> list[tuple[list[str], dict[str, str]]]:
+    """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; without GPUs, `cpu_workers` CPU workers
+    (cpu@, cpu2@, cpu3@ ... on the host) side by side, the torch threads split between them. ValueError when
+    cpu_workers does not fit (see check_cpu_workers)."""
+    check_cpu_workers(cpu_workers, gpus)
     base = _celery_worker(loglevel)
     out = []
     if gpus:
@@ -49,7 +86,10 @@ def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: 
             out.append(([*base, "-Q", q, "-n", f"gpu{g}@%h"], {"CUDA_VISIBLE_DEVICES": str(g)}))
     else:
         q = ",".join(queues or ["cpu"])
-        out.append(([*base, "-Q", q, "-n", "cpu@%h"], {"CUDA_VISIBLE_DEVICES": ""}))
+        threads = cpu_threads(cpu_workers)
+        for i in range(1, cpu_workers + 1):
+            name = "cpu" if i == 1 else f"cpu{i}"  # the first keeps the name healthchecks ping (cpu@$HOSTNAME)
+            out.append(([*base, "-Q", q, "-n", f"{name}@%h"], {"CUDA_VISIBLE_DEVICES": "", **threads}))
     return out
 
 

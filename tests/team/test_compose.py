@@ -96,7 +96,18 @@ def test_services_and_start_order(resolved):
         assert deps["redis"] == {"condition": "service_healthy"}, name
     assert services["app"]["command"][:2] == ["torchdeck", "ui"]
     assert services["worker-gpu"]["command"] == ["torchdeck", "worker", "--gpus", "0", "--queues", "gpu"]
-    assert services["worker-cpu"]["command"] == ["torchdeck", "worker", "--queues", "cpu"]
+    assert services["worker-cpu"]["command"] == ["torchdeck", "worker", "--queues", "cpu", "--workers", "1"]
+
+
+@pytest.mark.parametrize(("value", "workers"), [("4", "4"), ("", "1")])
+def test_the_cpu_worker_count_comes_from_the_environment(tmp_path, value, workers):
+    """TORCHDECK_CPU_WORKERS CPU runs side by side in `worker-cpu` (empty: one); the GPU workers stay one per GPU."""
+    env = write_env(tmp_path / "test.env", {**example_env(), **FILLED, "TORCHDECK_CPU_WORKERS": value})
+    done = compose(["config"], env)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert services["worker-cpu"]["command"] == ["torchdeck", "worker", "--queues", "cpu", "--workers", workers]
+    assert "--workers" not in services["worker-gpu"]["command"]
 
 
 def test_healthchecks(resolved):
