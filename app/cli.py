@@ -13,6 +13,7 @@ import typer
 from app.cli_db import db_app
 from app.cli_runs import load_spec_or_exit as _load
 from app.cli_runs import register as register_run_commands
+from app.cli_sweep import sweep as sweep_command
 from app.doctor import doctor
 from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
 from core.redact import redact_logs
@@ -94,6 +95,7 @@ def export_cmd(
 
 app.add_typer(db_app, name="db", help="Database schema: upgrade, current revision.")
 register_run_commands(app)
+app.command()(sweep_command)
 app.command("doctor")(doctor)
 
 

@@ -13,11 +13,11 @@ from db.types import RunRecord
 # Material icons (bundled with Streamlit): emoji fonts are missing on many servers and kiosks.
 STATUS_ICON = {
     "queued": "schedule", "running": "play_circle", "completed": "check_circle", "early_stopped": "stop_circle",
-    "cancelled": "cancel", "failed": "error", "diverged": "warning", "lost": "help",
+    "cancelled": "cancel", "failed": "error", "diverged": "warning", "lost": "help", "pruned": "content_cut",
 }
 STATUS_COLOR = {
     "queued": "gray", "running": "blue", "completed": "green", "early_stopped": "green", "cancelled": "gray",
-    "failed": "red", "diverged": "red", "lost": "orange",
+    "failed": "red", "diverged": "red", "lost": "orange", "pruned": "violet",
 }
 
 

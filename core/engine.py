@@ -363,8 +363,22 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     return None
 
 
+def judge(t: Trainer, epoch: int) -> str | None:
+    """`pruned` when the control's judge (a sweep's pruner) says this trial should stop after `epoch`."""
+    judge_epoch = getattr(t.control, "judge_epoch", None)
+    reason = judge_epoch(epoch) if judge_epoch is not None and epoch >= 1 else None
+    if not reason:
+        return None
+    t.sink.event("lifecycle", "info", f"pruned: {reason}", {"code": "pruned", "epoch": epoch, "reason": reason},
+                 step=t.global_step)
+    return "pruned"
+
+
 def fit(t: Trainer, start_epoch: int = 1) -> str:
-    """Run epochs start_epoch..epochs; returns completed | early_stopped | cancelled (Diverged propagates)."""
+    """Run epochs start_epoch..epochs; returns completed | early_stopped | cancelled | pruned (Diverged propagates).
+    A resumed run is judged first for the epoch it resumes after: a verdict stored before the crash holds."""
+    if 1 < start_epoch <= t.spec.train.epochs and (status := judge(t, start_epoch - 1)):
+        return status
     for epoch in range(start_epoch, t.spec.train.epochs + 1):
         trained = apply_transfer(t.model, t.spec.model, epoch)
         if t.spec.model.unfreeze_at_epoch == epoch:
@@ -375,7 +389,7 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
             train_m = train_one_epoch(t, epoch)
         except Stopped:
             return "cancelled"
-        status = end_epoch(t, epoch, train_m, time.perf_counter() - t0)
+        status = end_epoch(t, epoch, train_m, time.perf_counter() - t0) or (epoch < t.spec.train.epochs and judge(t, epoch))
         if status:
             return status
         if t.control.should_stop():

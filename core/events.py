@@ -34,6 +34,10 @@ class Sink(Protocol):
 
 @runtime_checkable
 class Control(Protocol):
+    """Whether the loop must stop between steps. A control may also define `judge_epoch(epoch) -> str | None`:
+    the loop calls it after each epoch's checkpoint (and, when it resumes, for the epoch it resumes after), and a
+    reason returned ends the run as `pruned` (a sweep's trial trailing the others)."""
+
     def should_stop(self) -> bool: ...
 
 

@@ -15,12 +15,20 @@ from collections.abc import Mapping
 from typing import Any
 
 # --- runs ---------------------------------------------------------------------------------------------
-RUN_STATUSES = ("queued", "running", "completed", "early_stopped", "cancelled", "failed", "diverged", "lost")
-# A run in one of these states is over: it is never claimed or finished again.
-FINISHED_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+RUN_STATUSES = ("queued", "running", "completed", "early_stopped", "cancelled", "failed", "diverged", "lost", "pruned")
+# A run in one of these states is over: it is never claimed or finished again. `pruned`: a sweep's trial stopped
+# early because its objective trailed the other trials' (the run's events say by how much, at which epoch).
+FINISHED_STATUSES = ("completed", "early_stopped", "cancelled", "failed", "diverged", "pruned")
 # A worker may take a run in these states: new, or abandoned by a dead worker.
 CLAIMABLE_STATUSES = ("queued", "lost")
 SUCCESS_STATUSES = ("completed", "early_stopped")
+
+# --- sweeps -------------------------------------------------------------------------------------------
+SWEEP_STATUSES = ("running", "completed", "cancelled", "failed")
+SWEEP_FINISHED = ("completed", "cancelled", "failed")
+SWEEP_METHODS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median", "asha")
+OBJECTIVE_METRICS = ("val/loss", "val/acc", "train/loss", "train/acc")  # per-epoch values a trial is judged on
 
 # --- queues and tasks ---------------------------------------------------------------------------------
 GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"

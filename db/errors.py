@@ -66,3 +66,9 @@ class SchemaOutOfDate(RuntimeError):
         super().__init__(message)
         self.current = current
         self.head = head
+
+
+class SweepNotFound(LookupError):
+    def __init__(self, sweep_id: str) -> None:
+        super().__init__(f"sweep {sweep_id!r} not found")
+        self.sweep_id = sweep_id

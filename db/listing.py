@@ -40,6 +40,8 @@ def list_runs(
     owner: str | None = None,
     text: str | None = None,
     parent_id: str | None = None,
+    sweep_id: str | None = None,
+    group_id: str | None = None,
     sort: str = "created_at",
     descending: bool = True,
     limit: int = 50,
@@ -47,7 +49,7 @@ def list_runs(
 ) -> RunPage:
     """One page of runs matching every filter given, with the total that match.
 
-    `status` and `tag` take one value or several (any of the statuses; all of
+    `sweep_id` and `group_id` keep a sweep's trials, a seed group's runs. `status` and `tag` take one value or several (any of the statuses; all of
     the tags). `text` matches a part of the name (any case) or the start of
     the id. `sort` is a column in SORT_COLUMNS or "metric:<key>"; runs
     without a value sort last either way, and ties are broken by id so that
@@ -57,11 +59,15 @@ def list_runs(
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     if offset < 0:
         raise ValueError(f"offset must be 0 or more, got {offset}")
-    conditions = _conditions(status, tag, owner, text, parent_id)
-    page_query = select(Run.__table__).where(*conditions)
+    where = conditions(status, tag, owner, text, parent_id)
+    if sweep_id is not None:
+        where.append(Run.sweep_id == sweep_id)
+    if group_id is not None:
+        where.append(Run.group_id == group_id)
+    page_query = select(Run.__table__).where(*where)
     page_query = _ordered(page_query, sort, descending).limit(limit).offset(offset)
     with connection_scope(engine) as conn:
-        total = conn.execute(select(func.count()).select_from(Run).where(*conditions)).scalar_one()
+        total = conn.execute(select(func.count()).select_from(Run).where(*where)).scalar_one()
         rows = conn.execute(page_query).all()
         runs = records(conn, rows)
     return RunPage(runs=tuple(runs[row.id] for row in rows), total=total, limit=limit, offset=offset)
@@ -73,7 +79,7 @@ def _as_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def _conditions(
+def conditions(
     status: str | Iterable[str] | None,
     tag: str | Iterable[str] | None,
     owner: str | None,

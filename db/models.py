@@ -38,6 +38,7 @@ from db.types import (
     NAME_LEN,
     OWNER_LEN,
     RUN_STATUSES,
+    SWEEP_STATUSES,
     TAG_LEN,
     WORKER_ID_LEN,
 )
@@ -111,6 +112,59 @@ class Run(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Why the run's stored record may be incomplete (e.g. metrics not stored before a checkpoint); NULL when whole.
     degraded: Mapped[str | None] = mapped_column(Text)
+    # A sweep's trial: the sweep, the trial's number in it, and its seed group (runs that differ only by seed;
+    # a run repeated with k seeds forms one too, outside any sweep).
+    sweep_id: Mapped[str | None] = mapped_column(String(ID_LEN), ForeignKey("sweep.id"), index=True)
+    trial: Mapped[int | None] = mapped_column(Integer)
+    group_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
+
+
+class Sweep(Base):
+    """Many runs as one experiment: a base spec, a search space, a method, an objective, a budget, a pruner.
+    Its trials are ordinary runs (run.sweep_id); the Optuna samplers and pruners work on a study rebuilt from
+    these tables each time they decide, so the runs, their metrics and the decisions below are the one record."""
+
+    __tablename__ = "sweep"
+    __table_args__ = (CheckConstraint(f"status IN ({_in(SWEEP_STATUSES)})", name="status"),)
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    owner: Mapped[str] = mapped_column(String(OWNER_LEN), index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class SweepTrial(Base):
+    """One configuration of a sweep (an Optuna trial): its parameters and the sampler's own attributes.
+    The primary key makes a trial number taken once, however many processes advance the sweep."""
+
+    __tablename__ = "sweep_trial"
+
+    sweep_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("sweep.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attrs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SweepDecision(Base):
+    """The pruner's verdict on a trial at an epoch end, taken once: a trial killed and resumed that reaches
+    the same epoch again reads this row instead of being judged a second time."""
+
+    __tablename__ = "sweep_decision"
+
+    sweep_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("sweep.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pruned: Mapped[bool] = mapped_column(Boolean)
+    value: Mapped[float | None] = mapped_column(Double)
+    reason: Mapped[str | None] = mapped_column(Text)
+    attrs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    run_id: Mapped[str | None] = mapped_column(String(ID_LEN))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class RunTag(Base):

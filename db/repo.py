@@ -13,6 +13,7 @@ from db.errors import (
     RunNotFound,
     RunStillActive,
     SchemaOutOfDate,
+    SweepNotFound,
 )
 from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem
@@ -43,11 +44,27 @@ from db.runs import (
     heartbeat,
     mark_degraded,
     mark_lost,
+    new_group_id,
     unclaimed_runs,
     request_cancel,
     set_tags,
     stale_runs,
 )
+from db.sweeps import (
+    add_trial,
+    create_sweep,
+    decisions,
+    epoch_values,
+    finish_sweep,
+    get_sweep,
+    group_runs,
+    list_sweeps,
+    record_decision,
+    set_group,
+    sweep_runs,
+    trials,
+)
+from db.units import Unit, UnitPage, list_units
 from db.series import compare, epoch_anchors, iter_points, series
 from db.types import (
     AccountRecord,
@@ -63,6 +80,9 @@ from db.types import (
     RunRecord,
     Series,
     SeriesPoint,
+    DecisionRecord,
+    SweepRecord,
+    TrialRecord,
     WorkerRecord,
 )
 
@@ -79,4 +99,7 @@ __all__ = [
     "upsert_worker", "list_workers", "remove_worker",
     "create_dataset", "get_dataset", "list_datasets", "update_dataset", "delete_dataset",
     "AccountRecord", "upsert_account", "accounts",
+    "SweepNotFound", "SweepRecord", "TrialRecord", "DecisionRecord", "create_sweep", "get_sweep", "list_sweeps",
+    "finish_sweep", "add_trial", "trials", "sweep_runs", "group_runs", "set_group", "epoch_values", "record_decision",
+    "decisions", "new_group_id", "Unit", "UnitPage", "list_units",
 ]

@@ -44,6 +44,11 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def new_group_id() -> str:
+    """A seed group's id: runs that differ only by seed share it."""
+    return new_id()
+
+
 def spec_json(spec: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The spec as stored, and its hash (core.names.spec_hash: canonical JSON, the name left out)."""
     return json_safe(spec), spec_hash(spec)
@@ -58,6 +63,7 @@ def create_run(
     tags: Iterable[str] = (),
     parent_id: str | None = None,
     max_queued: int | None = None,
+    group_id: str | None = None,
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
@@ -75,7 +81,7 @@ def create_run(
         session.add(Run(
             id=run_id, name=name, owner=owner, status="queued", spec=stored_spec,
             spec_hash=digest, created_at=utcnow(), attempt=0, summary={},
-            parent_id=parent_id, cancel_requested=False,
+            parent_id=parent_id, cancel_requested=False, group_id=group_id,
         ))
         session.flush()  # the run row must exist before its tags reference it
         session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
@@ -158,7 +164,7 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         device=row.device, attempt=row.attempt, progress=row.progress,
         summary=row.summary or {}, error=row.error, tags=tuple(tags),
         parent_id=row.parent_id, cancel_requested=bool(row.cancel_requested), degraded=row.degraded,
-        metrics=metrics,
+        sweep_id=row.sweep_id, trial=row.trial, group_id=row.group_id, metrics=metrics,
     )
 
 

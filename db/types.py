@@ -16,6 +16,8 @@ from core.names import (  # noqa: F401 - the statuses and json_safe are re-expor
     FINISHED_STATUSES,
     MAX_METRIC_KEY,
     RUN_STATUSES,
+    SWEEP_FINISHED,
+    SWEEP_STATUSES,
     json_safe,
 )
 
@@ -88,6 +90,9 @@ class RunRecord:
     cancel_requested: bool
     # Why the stored record may be incomplete (see db.runs.mark_degraded); None when whole.
     degraded: str | None = None
+    sweep_id: str | None = None
+    trial: int | None = None
+    group_id: str | None = None
     # Per metric key; filled by get_run and list_runs.
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
 
@@ -232,3 +237,40 @@ def stored_float(value: float | None) -> float:
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    id: str
+    name: str
+    owner: str
+    status: str
+    spec: Mapping[str, Any]  # the sweep spec as validated (sweep.spec.SweepSpec), the base run spec inside
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in SWEEP_FINISHED
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    sweep_id: str
+    number: int
+    params: Mapping[str, Any]  # dotted field -> value
+    attrs: Mapping[str, Any]  # the sampler's own attributes (Optuna system attrs)
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    sweep_id: str
+    number: int
+    epoch: int
+    pruned: bool
+    value: float | None
+    reason: str | None
+    attrs: Mapping[str, Any]  # what the pruner recorded on the trial (e.g. the rungs it completed)
+    run_id: str | None

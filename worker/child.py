@@ -31,11 +31,26 @@ class TermFlag:
 
 
 class RunControl:
-    def __init__(self, sink, term: TermFlag):
-        self.sink, self.term = sink, term
+    def __init__(self, sink, term: TermFlag, engine=None, run=None):
+        self.sink, self.term, self.engine, self.run = sink, term, engine, run
 
     def should_stop(self) -> bool:
         return self.term.set or self.sink.should_stop()
+
+    def judge_epoch(self, epoch: int) -> str | None:
+        """A sweep's trial: the pruner's verdict at this epoch end, from the stored objective (so this epoch's
+        metrics are stored first). Taken once per trial and epoch; a resumed attempt reads the stored one."""
+        if self.run is None or self.run.sweep_id is None:
+            return None
+        from sweep.control import judge_run
+
+        self.sink.flush()
+        try:
+            return retrying(lambda: judge_run(self.engine, self.run, epoch), "judge the trial")
+        except Exception as e:  # noqa: BLE001 - a pruner that cannot decide never stops a trial
+            self.sink.event("lifecycle", "warning", f"the sweep's pruner could not judge epoch {epoch} "
+                            f"({e.__class__.__name__}: {e}); the trial goes on", {"code": "judge_failed"})
+            return None
 
 
 class SystemMonitor:
@@ -156,6 +171,10 @@ def spare_main(conn, pulse=None) -> None:
         return
     if job is not None:
         run_child(*job)
+        # Everything is stored (the sink is closed, the run finished): skip the interpreter's teardown of torch,
+        # which can take seconds, so the worker moves on to its next run (a sweep's next trial) at once.
+        logging.shutdown()
+        os._exit(0)
 
 
 def _abandon(reason: str) -> None:
@@ -208,7 +227,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
                            {"code": "checkpoint_fetched"})
         spec = localize_dataset(spec, store, engine) if store is not None else spec
         resume = (out / "checkpoints" / CHECKPOINT_FILES["last"]).is_file()
-        summary = run_training(spec, out, sink, RunControl(sink, term), resume=resume)
+        summary = run_training(spec, out, sink, RunControl(sink, term, engine, run), resume=resume)
         status, error = summary["status"], summary.get("error")
     except Exception as e:  # noqa: BLE001 - recorded on the run, never lost in a log
         status, error, summary = "failed", f"{e.__class__.__name__}: {e}", {}

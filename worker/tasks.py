@@ -24,6 +24,7 @@ from db.repo import (
     get_run,
     RunNotFound,
     heartbeat,
+    list_sweeps,
     mark_lost,
     unclaimed_runs,
     upsert_worker,
@@ -83,6 +84,18 @@ def execute_run(run_id: str) -> str:
         return supervise(run_id, worker_id)
     finally:
         _state["current_run"] = None
+        if run.sweep_id is not None:
+            advance_sweep(run.sweep_id)
+
+
+def advance_sweep(sweep_id: str) -> None:
+    """A sweep's run ended here: queue its next trials now (the reaper does it too, later, if this fails)."""
+    from sweep.control import advance
+
+    try:
+        advance(engine(), sweep_id, send)
+    except Exception as e:  # noqa: BLE001 - the reaper advances every running sweep again
+        log.warning("could not advance sweep %s: %s", sweep_id, e)
 
 
 def _device_label() -> str:
@@ -139,10 +152,11 @@ def supervise(run_id: str, worker_id: str, settings: WorkerSettings | None = Non
     """Hand the run to a fresh process, relay a cancel (stop between steps → SIGTERM → SIGKILL), explain its exit."""
     s = settings or WorkerSettings()
     proc, pulse = _spare.take((run_id, worker_id, engine().url.render_as_string(hide_password=False)))
+    _spare.fill()  # the next run's process imports torch while this one trains: the next run starts at once
     try:
         return _watch(proc, pulse, run_id, worker_id, s)
     finally:
-        _spare.fill()  # ready for the next run
+        _spare.fill()  # (it died meanwhile: ready again for the next run)
 
 
 class _Watch:
@@ -249,7 +263,10 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
             f"{s.max_attempts}), resuming from the last checkpoint", code="lost")])
         send(r)
         requeued.append(run_id)
-    return requeued + resend_missing(s)
+    sent = resend_missing(s)
+    for sweep in list_sweeps(engine(), status=("running",)):
+        advance_sweep(sweep.id)  # a worker that died between a trial's end and its advance stalls no sweep
+    return requeued + sent
 
 
 def send(run) -> None:

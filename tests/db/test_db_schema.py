@@ -138,8 +138,10 @@ def test_0003_keys_owners_on_identities_and_a_downgrade_keeps_them(database_url:
     upgrade(database_url, "0002")
     engine = make_engine(database_url)
     try:
-        old = repo.create_run(engine, {"lr": 0.1}, owner="ana@example.com")
-        with engine.begin() as conn:
+        with engine.begin() as conn:  # the schema of 0002 (today's models have columns it lacks)
+            conn.exec_driver_sql("INSERT INTO run (id, name, owner, status, spec, spec_hash, created_at, attempt, summary, "
+                                 "cancel_requested) VALUES ('r-old', 'old', 'ana@example.com', 'queued', '{}', 'h', "
+                                 "'2026-01-01 00:00:00+00:00', 0, '{}', false)")
             conn.exec_driver_sql("INSERT INTO dataset (id, name, uri, classes, counts, status, created_at) VALUES "
                                  "('d1', 'pets', '/data/pets', '[]', '{}', 'ready', '2026-01-01 00:00:00+00:00')")
         upgrade(database_url)
@@ -149,6 +151,6 @@ def test_0003_keys_owners_on_identities_and_a_downgrade_keeps_them(database_url:
         assert repo.upsert_account(engine, key, "Ana", "ana@example.com").email == "ana@example.com"
         assert downgrade(database_url, "0002") == "0002"
         upgrade(database_url)
-        assert repo.get_run(engine, new.id).owner == key and repo.get_run(engine, old.id).owner == "ana@example.com"
+        assert repo.get_run(engine, new.id).owner == key and repo.get_run(engine, "r-old").owner == "ana@example.com"
     finally:
         engine.dispose()

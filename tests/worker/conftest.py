@@ -23,7 +23,7 @@ from db.repo import get_run
 from tests._servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged")
+FINAL = ("completed", "early_stopped", "cancelled", "failed", "diverged", "pruned")
 
 # Small, quick, deterministic runs: ~100 optimizer steps per epoch on 8×8 images.
 RUN = {
@@ -152,7 +152,8 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
 
     def run_process(self, worker: subprocess.Popen, timeout: float = 120):
-        """The worker's spawned run process (its ready spare, or the process of its current run)."""
+        """The worker's spawned run process: the process of its current run (the older one: the next run's spare
+        is spawned as a run starts), or its ready spare when it has no run."""
         import psutil
 
         def find():
@@ -161,7 +162,7 @@ class Stack:
             except psutil.NoSuchProcess:
                 return None
             spawned = [k for k in kids if "spawn_main" in " ".join(k.cmdline()) and k.status() != psutil.STATUS_ZOMBIE]
-            return spawned[0] if len(spawned) == 1 else None
+            return min(spawned, key=lambda k: k.create_time()) if spawned else None
 
         return wait_for(find, timeout, f"worker {worker.pid} has no run process\n{self.logs()}")
 

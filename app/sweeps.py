@@ -1,0 +1,132 @@
+"""What the UI and the CLI do to sweeps and seed groups: validate and launch, cancel, read the state, launch
+the best configuration, repeat a run with k seeds, estimate the compute. Torch-free (sweep.* uses Optuna on
+the stored trials; runs are enqueued by task name like every run)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
+from app.services import enqueue, get_engine, owner_label
+from core.config import RunSpec
+from db import repo
+from db.types import RunRecord, SweepRecord
+from sweep import control, study
+from sweep.spec import SweepSpec
+
+
+def send(run: RunRecord) -> None:
+    enqueue(run.id, RunSpec.model_validate(run.spec))
+
+
+def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (),
+                 engine: Engine | None = None) -> SweepRecord:
+    """Store the sweep and queue its first trials. The base spec's paths are checked like any run's."""
+    from app.paths import check_paths
+
+    engine = engine or get_engine()
+    base = check_paths(spec.base, engine, _artifact_root())
+    spec = spec.model_copy(update={"base": base})
+    return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags)
+
+
+def _artifact_root():
+    from app.services import artifact_root
+
+    return artifact_root()
+
+
+def cancel_sweep(sweep_id: str, *, by: User, engine: Engine | None = None) -> SweepRecord:
+    """Only the sweep's owner or an admin may (app.auth.PermissionDenied otherwise)."""
+    engine = engine or get_engine()
+    sweep = repo.get_sweep(engine, sweep_id)
+    if not can_modify(by, sweep):
+        who = by.describe() if by else "an anonymous user"
+        raise PermissionDenied(f"{who} may not cancel sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
+                               f"and only its owner or an admin ({ADMINS_ENV}) may cancel it")
+    return control.cancel(engine, sweep_id)
+
+
+@dataclass(frozen=True)
+class SweepView:
+    sweep: SweepRecord
+    spec: SweepSpec
+    state: study.SweepState
+    outcomes: list[study.Outcome]
+    best: control.Best | None
+
+    @property
+    def epochs_used(self) -> int:
+        return sum(o.epochs for o in self.outcomes)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.outcomes:
+            out[o.state] = out.get(o.state, 0) + 1
+        return out
+
+
+def view(sweep_id: str, engine: Engine | None = None) -> SweepView:
+    engine = engine or get_engine()
+    sweep = repo.get_sweep(engine, sweep_id)
+    state = control.load_state(engine, sweep)
+    outcomes = control.outcomes(state)
+    return SweepView(sweep, state.spec, state, outcomes, control.best(state))
+
+
+def best_so_far(v: SweepView) -> list[tuple[int, float]]:
+    """(trial number, best objective up to it) over the completed trials, in trial order."""
+    out, best = [], None
+    for o in v.outcomes:
+        if o.state != "completed" or o.value is None:
+            continue
+        if best is None or (o.value > best if v.spec.mode == "max" else o.value < best):
+            best = o.value
+        out.append((o.number, best))
+    return out
+
+
+def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | None = None) -> list[RunRecord]:
+    engine = engine or get_engine()
+    return control.launch_best(engine, repo.get_sweep(engine, sweep_id), owner=owner, send=send, seeds=seeds)
+
+
+def repeat_with_seeds(run_id: str, k: int, *, owner: str, engine: Engine | None = None) -> list[RunRecord]:
+    """The run's spec again with k − 1 more seeds; together they are one seed group (anyone may: it is a clone)."""
+    engine = engine or get_engine()
+    return control.repeat_with_seeds(engine, repo.get_run(engine, run_id), k, owner=owner, send=send)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    trials: int
+    runs: int
+    max_epochs: int
+    seconds_per_epoch: float | None  # from finished runs of the same dataset and model, when there are some
+    similar_runs: int
+
+    def describe(self, pruner: str) -> str:
+        text = (f"{self.trials} trials × {self.runs // max(self.trials, 1)} seed(s) = {self.runs} runs, "
+                f"at most {self.max_epochs} epochs")
+        if pruner != "none":
+            text += " (the pruner stops trailing trials early: usually far fewer)"
+        if self.seconds_per_epoch is not None:
+            text += (f"; ≈ {self.max_epochs * self.seconds_per_epoch / 60:.1f} worker-minutes at most, at "
+                     f"{self.seconds_per_epoch:.1f} s per epoch as in {self.similar_runs} similar finished run(s)")
+        return text
+
+
+def estimate(spec: SweepSpec, engine: Engine | None = None) -> Estimate:
+    """Trials, runs and epochs of the sweep; seconds per epoch from finished runs of the same data and model."""
+    engine = engine or get_engine()
+    page = repo.list_runs(engine, status=["completed", "early_stopped", "pruned"], limit=200)
+    similar = [r for r in page.runs if (r.spec.get("data") or {}).get("name") == spec.base.data.name
+               and (r.spec.get("model") or {}).get("name") == spec.base.model.name
+               and (r.summary or {}).get("epochs_run") and (r.summary or {}).get("wall_time_s")]
+    per_epoch = [r.summary["wall_time_s"] / r.summary["epochs_run"] for r in similar]
+    return Estimate(spec.trials, spec.runs(), spec.max_epochs(),
+                    statistics.median(per_epoch) if per_epoch else None, len(per_epoch))

@@ -1,0 +1,154 @@
+"""A sweep's decisions on a real database, with trials played by hand: no worker, no torch. What a worker
+does with a run (claim, metrics per epoch, judge at each epoch end, finish) is done here step by step, so the
+sampler's and the pruner's choices are checked exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.config import RunSpec
+from db import repo
+from sweep import control
+from sweep.spec import SweepSpec
+
+BASE = RunSpec.model_validate({"data": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"epochs": 9},
+                               "device": "cpu", "seed": 7})
+
+
+def sweep_spec(**kw) -> SweepSpec:
+    data = {"base": BASE.model_dump(mode="json"), "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001, 0.0001]},
+            "optim.weight_decay": {"choice": [0.0, 0.001]}}, "method": "grid", "objective": {"metric": "val/acc"}}
+    data.update(kw)
+    return SweepSpec.model_validate(data)
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, run) -> None:
+        self.sent.append(run.id)
+
+
+def quality(params) -> float:
+    """A made-up objective: best at lr 0.01, weight decay a small help."""
+    return 0.9 - abs(math.log10(params["optim.lr"]) + 2) * 0.2 + (0.01 if params["optim.weight_decay"] else 0.0)
+
+
+def play(engine, run, epochs: int | None = None) -> str:
+    """Train `run` by hand: claim, one val/acc point per epoch (rising to its quality), judged at each end."""
+    repo.claim_run(engine, run.id, "w1")
+    spec = RunSpec.model_validate(run.spec)
+    params = {"optim.lr": spec.optim.lr, "optim.weight_decay": spec.optim.weight_decay}
+    last = spec.train.epochs if epochs is None else epochs
+    for epoch in range(1, last + 1):
+        value = quality(params) * (1 - 0.5 / epoch)
+        repo.append_metrics(engine, run.id, [repo.MetricPoint("val/acc", epoch * 10, value, epoch=epoch)])
+        reason = control.judge_run(engine, repo.get_run(engine, run.id), epoch) if epoch < spec.train.epochs else None
+        if reason:
+            repo.finish_run(engine, run.id, "pruned", summary={"epochs_run": epoch, "pruned": reason})
+            return "pruned"
+    if epochs is None:
+        repo.finish_run(engine, run.id, "completed", summary={"epochs_run": last})
+        return "completed"
+    return "running"
+
+
+def drain(engine, sweep_id, queue: Queue) -> list[str]:
+    """Play every queued run in order, advancing the sweep after each, until the sweep ends."""
+    statuses = []
+    while queue.sent:
+        run = repo.get_run(engine, queue.sent.pop(0))
+        statuses.append(play(engine, run))
+        control.advance(engine, sweep_id, queue)
+    return statuses
+
+
+def test_a_grid_runs_each_configuration_once_and_finds_the_best(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(budget={"parallel": 2}), owner="ana", send=queue)
+    assert len(queue.sent) == 2  # parallel 2: two trials queued at once, no more
+    control.advance(engine, sweep.id, queue)
+    assert len(queue.sent) == 2  # advancing again with both still queued adds none
+    assert drain(engine, sweep.id, queue) == ["completed"] * 8
+    runs = repo.sweep_runs(engine, sweep.id)
+    configs = sorted((r.spec["optim"]["lr"], r.spec["optim"]["weight_decay"]) for r in runs)
+    assert len(runs) == 8 and len(set(configs)) == 8 and [r.trial for r in runs] == list(range(8))
+    assert repo.get_sweep(engine, sweep.id).status == "completed"
+    top = control.best(control.load_state(engine, repo.get_sweep(engine, sweep.id)))
+    assert top.params == {"optim.lr": 0.01, "optim.weight_decay": 0.001}
+
+
+def test_asha_prunes_trailing_trials_with_a_reason_and_uses_fewer_epochs(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(pruner={"kind": "asha", "min_epochs": 1, "reduction_factor": 3}),
+                           owner="ana", send=queue)
+    statuses = drain(engine, sweep.id, queue)
+    assert statuses.count("pruned") >= 3 and statuses.count("completed") >= 1
+    state = control.load_state(engine, repo.get_sweep(engine, sweep.id))
+    used = sum(o.epochs for o in control.outcomes(state))
+    assert used < 0.7 * 8 * 9
+    pruned = [r for r in repo.sweep_runs(engine, sweep.id) if r.status == "pruned"]
+    reason = pruned[0].summary["pruned"]
+    assert "val/acc" in reason and "at epoch" in reason and "top 1/3" in reason
+    assert control.best(state).params["optim.lr"] == 0.01
+
+
+def test_a_verdict_is_taken_once_per_epoch_even_after_a_resume(engine) -> None:
+    queue = Queue()
+    spec = sweep_spec(pruner={"kind": "median", "startup_trials": 1, "warmup_epochs": 0}, budget={"parallel": 1})
+    sweep = control.create(engine, spec, owner="ana", send=queue)
+    first = repo.get_run(engine, queue.sent.pop(0))
+    play(engine, first)  # completes: the median's reference
+    control.advance(engine, sweep.id, queue)
+    second = repo.get_run(engine, queue.sent.pop(0))
+    assert play(engine, second, epochs=2) in ("running", "pruned")
+    before = repo.decisions(engine, sweep.id, second.trial)
+    # The process dies; the resumed attempt asks again about the epochs already judged: same answers, no new row.
+    again = [control.judge_run(engine, repo.get_run(engine, second.id), e) for e in (1, 2)]
+    assert before and repo.decisions(engine, sweep.id, second.trial) == before
+    assert again == [next((d.reason for d in before if d.pruned and d.epoch <= e), None) for e in (1, 2)]
+
+
+def test_cancel_ends_the_sweep_and_its_runs(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(budget={"parallel": 3}), owner="ana", send=queue)
+    repo.claim_run(engine, queue.sent[0], "w1")
+    control.cancel(engine, sweep.id)
+    runs = {r.id: r for r in repo.sweep_runs(engine, sweep.id)}
+    assert repo.get_sweep(engine, sweep.id).status == "cancelled"
+    assert runs[queue.sent[0]].cancel_requested and runs[queue.sent[0]].status == "running"
+    assert all(runs[i].status == "cancelled" for i in queue.sent[1:])
+    assert control.advance(engine, sweep.id, queue) == []
+
+
+def test_seeds_make_groups_and_the_best_is_their_mean(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(seeds=3, budget={"trials": 2}, method="random",
+                           space={"optim.lr": {"loguniform": [1e-3, 1e-1]}}), owner="ana", send=queue)
+    assert len(queue.sent) == 3
+    runs = [repo.get_run(engine, i) for i in queue.sent]
+    assert len({r.group_id for r in runs}) == 1 and sorted(r.spec["seed"] for r in runs) == [7, 8, 9]
+    for run in runs:
+        repo.claim_run(engine, run.id, "w1")
+        for epoch, value in ((1, 0.5), (2, 0.6 + run.spec["seed"] / 100)):
+            repo.append_metrics(engine, run.id, [repo.MetricPoint("val/acc", epoch, value, epoch=epoch)])
+        repo.finish_run(engine, run.id, "completed", summary={"epochs_run": 2})
+    control.advance(engine, sweep.id, queue)
+    state = control.load_state(engine, repo.get_sweep(engine, sweep.id))
+    first = control.outcomes(state)[0]
+    assert first.state == "completed" and first.n == 3
+    assert first.value == pytest.approx(0.68) and first.std == pytest.approx(0.01)
+
+
+def test_repeating_a_run_twice_never_repeats_a_seed(engine) -> None:
+    queue = Queue()
+    run = repo.create_run(engine, BASE.model_dump(mode="json"), name="base run", owner="ana")
+    first = control.repeat_with_seeds(engine, run, 3, owner="bo", send=queue)
+    assert [r.spec["seed"] for r in first] == [8, 9] and {r.parent_id for r in first} == {run.id}
+    again = control.repeat_with_seeds(engine, repo.get_run(engine, first[0].id), 3, owner="bo", send=queue)
+    group = repo.group_runs(engine, repo.get_run(engine, run.id).group_id)
+    assert sorted(r.spec["seed"] for r in group) == [7, 8, 9, 10, 11] and len(again) == 2
+    assert sorted(queue.sent) == sorted(r.id for r in first + again)
