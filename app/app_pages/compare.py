@@ -1,10 +1,12 @@
 """Compare: overlaid curves, hyperparameters against a metric (parallel coordinates), the spec diff
-and a summary table of any set of runs (`?ids=a,b,c`)."""
+and a summary table of any set of runs (`?ids=a,b,c`). Grouped (`&group=seed|sweep|tag`), each seed group,
+sweep or tag is one mean curve with a ± std band and one summary row, its figures as mean ± std (n)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from app.ui import compare_groups as cg
 from app.ui import compare_view as cv
 from app import fmt as f
 from app.ui import frame, queries
@@ -40,7 +42,28 @@ def choose_runs() -> list[str]:
     return ids
 
 
-def curves(runs, ids: list[str]) -> None:
+def choose_grouping(runs) -> list[cg.Group] | None:
+    """The Group by control, kept in the URL (`&group=seed`): None when ungrouped."""
+    from_url = {v: k for k, v in cg.URL_VALUES.items()}.get(st.query_params.get("group") or "", "none")
+    if st.session_state.get(K("group_url")) != from_url:  # a link (the Run page's seed group) or the back button
+        st.session_state[K("group_url")] = from_url
+        st.session_state[K("group_by")] = from_url
+    by = st.segmented_control("Group by", cg.GROUP_BY, key=K("group_by"),
+                              help="Runs that differ only by seed (seed group), a sweep's trials or the runs with a "
+                                   "tag as one mean curve with a ± std band, and one summary row each.") or "none"
+    if by != from_url:
+        if by == "none":
+            st.query_params.pop("group", None)
+        else:
+            st.query_params["group"] = cg.URL_VALUES[by]
+        st.session_state[K("group_url")] = by
+    if by == "none":
+        return None
+    names = {sid: s.name for sid in {r.sweep_id for r in runs if r.sweep_id} if (s := queries.sweep(sid))}
+    return cg.groups_of(runs, by, names)
+
+
+def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
     available = queries.union_keys(ids)
     default = [k for k in DEFAULT_KEYS if k in available] or available[:2]
     a, b, c = st.columns([4, 1.5, 1.5])
@@ -52,11 +75,16 @@ def curves(runs, ids: list[str]) -> None:
         return
     comparison = queries.compare(ids, keys, max_points=MAX_POINTS)
     series = {run_id: dict(by_key) for run_id, by_key in comparison.series.items()}
-    figs = cv.curve_figures(runs, series, keys, xmode, smoothing)
+    if groups is None:
+        figs = cv.curve_figures(runs, series, keys, xmode, smoothing)
+    else:
+        st.caption("Each line is a group's mean over its runs, the band ± one standard deviation (n shown as ×n).")
+        figs = cg.band_figures(groups, series, keys, xmode, smoothing)
     cols = st.columns(2)
     for i, (key, fig) in enumerate(figs):
         cols[i % 2].plotly_chart(fig, key=K(f"chart.{key}"), config={"displaylogo": False})
-    st.download_button("Curves as CSV", cv.curves_csv(runs, series, keys), file_name="compare-curves.csv",
+    labels = None if groups is None else cg.labels_by_run(groups)
+    st.download_button("Curves as CSV", cv.curves_csv(runs, series, keys, labels), file_name="compare-curves.csv",
                        mime="text/csv", icon=":material/download:", key=K("curves_csv"))
 
 
@@ -77,12 +105,13 @@ def main() -> None:
                 icon=":material/info:")
         return
     runs = list(queries.compare(ids, []).runs)
+    groups = choose_grouping(runs)
     # Only the open tab runs (on_change="rerun"): the hidden ones cost nothing, in the server or the browser.
     curves_tab, params_tab, diff_tab, summary_tab = st.tabs(
         ["Curves", "Hyperparameters", "Spec diff", "Summary"], key=K("tab"), on_change="rerun")
     if curves_tab.open is not False:
         with curves_tab:
-            curves(runs, ids)
+            curves(runs, ids, groups)
     if params_tab.open:
         with params_tab:
             hyperparameters(runs)
@@ -91,7 +120,7 @@ def main() -> None:
             spec_diff(runs)
     if summary_tab.open:
         with summary_tab:
-            summary(runs)
+            summary(runs, groups)
 
 
 def spec_diff(runs) -> None:
@@ -103,12 +132,16 @@ def spec_diff(runs) -> None:
         st.dataframe(diff, hide_index=True, width="stretch", height=min(38 + 35 * len(diff), 700))
 
 
-def summary(runs) -> None:
-    table = cv.summary_table(runs)
-    st.dataframe(table, hide_index=True, width="stretch",
-                 column_config={"best val/acc": st.column_config.NumberColumn(format="%.4f"),
-                                "lowest val/loss": st.column_config.NumberColumn(format="%.4f"),
-                                "time (s)": st.column_config.NumberColumn(format="%.1f")})
+def summary(runs, groups: list[cg.Group] | None) -> None:
+    if groups is not None:
+        table = cg.group_summary(groups)
+        st.dataframe(table, hide_index=True, width="stretch", column_order=cg.SUMMARY_COLUMNS)
+    else:
+        table = cv.summary_table(runs)
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={"best val/acc": st.column_config.NumberColumn(format="%.4f"),
+                                    "lowest val/loss": st.column_config.NumberColumn(format="%.4f"),
+                                    "time (s)": st.column_config.NumberColumn(format="%.1f")})
     st.download_button("Summary as CSV", table.to_csv(index=False).encode(), file_name="compare-summary.csv",
                        mime="text/csv", icon=":material/download:", key=K("summary_csv"))
 

@@ -38,10 +38,12 @@ def header(r) -> None:
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
+    run_view.lineage(r)
 
 
 def buttons(r) -> None:
-    wanted = (["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else []) + ["compare"]
+    wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
+              + ["compare", "seeds"])
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [6 - len(wanted)])[:len(wanted)], strict=True))
     user = auth.current_user()
     mine = auth.can_modify(user, r)  # cancel: owner or admin only (the service refuses the others too)
@@ -67,6 +69,7 @@ def buttons(r) -> None:
             frame.open_run(new.id)
     if cols["compare"].button("Compare…", icon=":material/compare_arrows:", key=K("compare")):
         st.switch_page(frame.COMPARE, query_params={"ids": r.id})
+    run_view.repeat_with_seeds(r, cols["seeds"])
 
 
 def live_status(run_id: str, was_active: bool) -> None:
@@ -134,6 +137,7 @@ def main() -> None:
         st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
     header(r)
     buttons(r)
+    run_view.repeated_notice(r)
     st.fragment(live_status, run_every=every)(r.id, active)
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"),

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import auth, services
 from app import fmt as f
-from app.ui import frame, queries
+from app.ui import frame, queries, run_units
 from db.types import RUN_STATUSES, RunRecord
 
 K = frame.page_state("runs")
@@ -25,19 +25,52 @@ def show_flash() -> None:
         getattr(st, kind)(message)
 
 
-def filters() -> dict:
+def filters() -> tuple[dict, bool]:
+    """The list's filters (those of queries.runs_page) and whether rows are grouped."""
     owners, tags = queries.owners_and_tags()
     labels = services.owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
     a, b, c, d, e, g = st.columns([2, 1.2, 1.2, 2, 1.3, 0.8], vertical_alignment="bottom")
-    status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status")
+    status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status",
+                           format_func=f.status_label)
     tag = b.selectbox("Tag", tags, index=None, key=K("tag"), placeholder="any tag")
     owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone",
                         format_func=lambda key: labels.get(key, key))
     text = d.text_input("Search", key=K("text"), placeholder="name or id…")
     sort = e.selectbox("Sort by", list(SORTS), key=K("sort"))
     descending = g.toggle("Desc.", value=True, key=K("desc"))
+    h, i, _ = st.columns([2.4, 2, 4.3], vertical_alignment="bottom")
+    sweep_id = sweep_filter(h)
+    grouped = i.toggle("Group sweeps and seed groups", key=K("group"),
+                       help="One row per sweep and per seed group (runs that differ only by seed), with their best "
+                            "objective as mean ± std (n); select a row to list its runs. Filtered to one sweep, its "
+                            "seed groups are the rows.")
     return {"status": status, "tag": [tag] if tag else [], "owner": owner, "text": text.strip() or None,
-            "sort": SORTS[sort], "descending": descending}
+            "sweep_id": sweep_id, "sort": SORTS[sort], "descending": descending}, grouped
+
+
+def sweep_filter(col) -> str | None:
+    """The Sweep filter, kept in the URL (`?sweep=<id>`): a link opens the Runs page filtered to that sweep."""
+    sweeps = {s.id: s for s in queries.sweeps()}
+    wanted = st.query_params.get("sweep") or None
+    if wanted and wanted not in sweeps and (found := queries.sweep(wanted)) is not None:
+        sweeps[wanted] = found  # older than the newest sweeps listed
+    if st.session_state.get(K("sweep_url"), "") != wanted:  # a link or the back button changed the URL
+        st.session_state[K("sweep_url")] = wanted
+        st.session_state[K("sweep")] = wanted if wanted in sweeps else None
+        if wanted and wanted not in sweeps:
+            st.warning(f"No sweep {f.md_text(repr(wanted))}: it may have been deleted. Showing every sweep's runs.",
+                       icon=":material/filter_alt_off:")
+    if st.session_state.get(K("sweep")) not in sweeps:
+        st.session_state[K("sweep")] = None
+    chosen = col.selectbox("Sweep", list(sweeps), index=None, key=K("sweep"), placeholder="any sweep",
+                           format_func=lambda i: f"{sweeps[i].name} · {sweeps[i].status}")
+    if chosen != wanted:
+        if chosen:
+            st.query_params["sweep"] = chosen
+        else:
+            st.query_params.pop("sweep", None)
+        st.session_state[K("sweep_url")] = chosen
+    return chosen
 
 
 def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
@@ -68,6 +101,76 @@ def table(query: dict, offset: int, limit: int) -> list[RunRecord]:
                          key=K("table"), width="stretch", height=min(38 + 35 * max(len(df), 1), 740))
     rows = state.selection.rows if state is not None else []
     return [page.runs[i] for i in rows if i < len(page.runs)]
+
+
+MEMBERS_SHOWN = 500  # runs listed under a selected sweep or seed group
+GROUP_COLUMNS = {
+    **COLUMNS,
+    "kind": st.column_config.TextColumn("kind", width="small"),
+    "size": st.column_config.TextColumn("runs", help="A sweep's trials and runs, a seed group's runs"),
+    "best": st.column_config.TextColumn("best", help="A run's best monitored metric; a seed group's as mean ± std "
+                                                     "(n); a sweep's best completed trial (mean over its seeds)"),
+}
+
+
+def members_of(units) -> dict:
+    """Each row's runs: a sweep's, a seed group's (all of them, not only those matching), or the run."""
+    singles = queries.runs_by_id([u.id for u in units if u.kind == run_units.RUN])
+    out = {}
+    for u in units:
+        if u.kind == run_units.RUN:
+            runs = [singles[u.id]] if u.id in singles else []
+        elif u.kind == run_units.GROUP:
+            runs = queries.group_runs(u.id)
+        else:
+            runs = queries.sweep_runs(u.id) if queries.sweep(u.id) is not None else []
+        if runs:
+            out[u] = runs
+    return out
+
+
+def grouped_rows(units, members: dict) -> pd.DataFrame:
+    sweeps = {u.id: queries.sweep(u.id) for u in units if u.kind == run_units.SWEEP}
+    owners = {r.owner for runs in members.values() for r in runs} | {s.owner for s in sweeps.values() if s}
+    labels = services.owner_labels(owners, engine=queries.engine())
+    rows = []
+    for u in units:
+        runs = members[u]
+        if u.kind == run_units.SWEEP:
+            sweep = sweeps[u.id]  # members_of left out a sweep that is gone
+            rows.append(run_units.sweep_row(sweep, runs, u.runs, labels.get(sweep.owner, sweep.owner)))
+        elif u.kind == run_units.GROUP:
+            rows.append(run_units.group_row(u.id, runs, u.runs, labels.get(runs[0].owner, runs[0].owner)))
+        else:
+            rows.append(run_units.run_row(runs[0], labels.get(runs[0].owner, runs[0].owner)))
+    return pd.DataFrame(rows, columns=run_units.COLUMNS)
+
+
+def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
+    """One row per sweep, seed group and other run; the selected rows' runs are listed below and selected."""
+    page = queries.units_page(**query, limit=limit, offset=offset)
+    members = members_of(page.units)
+    units = list(members)
+    st.caption(f"{page.runs:,} run(s) match in {page.total:,} row(s) · showing {offset + 1 if units else 0:,}–"
+               f"{offset + len(page.units):,}")
+    df = grouped_rows(units, members)
+    state = st.dataframe(df, hide_index=True, column_config=GROUP_COLUMNS, on_select="rerun", width="stretch",
+                         selection_mode="multi-row", key=K("gtable"), height=min(38 + 35 * max(len(df), 1), 740))
+    picked = [units[i] for i in (state.selection.rows if state is not None else []) if i < len(units)]
+    for u in picked:
+        if u.kind != run_units.RUN:
+            expand(u, members[u], df.iloc[units.index(u)])
+    return [r for u in picked for r in members[u]]
+
+
+def expand(u, runs: list[RunRecord], row) -> None:
+    with st.expander(f"{f.md_text(row['kind'])} {f.md_text(row['name'])}: {len(runs)} run(s)", expanded=True,
+                     icon=":material/unfold_more:"):
+        shown = runs[:MEMBERS_SHOWN]
+        st.dataframe(frame_of(tuple(shown)), hide_index=True, column_config=COLUMNS, width="stretch",
+                     key=K(f"members.{u.id}"), height=min(38 + 35 * len(shown), 420))
+        if len(runs) > len(shown):
+            st.caption(f"the first {len(shown)} of {len(runs)} runs; filter by the sweep to page through them all")
 
 
 def action_bar(selected: list[RunRecord]) -> None:
@@ -141,23 +244,28 @@ def confirm_delete() -> None:
 def main() -> None:
     st.title("Runs")
     show_flash()
-    query = filters()
+    query, grouped = filters()
     limit = 50
-    total = queries.runs_page(**query, limit=1).total
-    if total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text")):
+    runs_total = queries.runs_page(**query, limit=1).total
+    if runs_total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text", "sweep_id")):
         st.info("No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
                 icon=":material/info:")
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
+    total = queries.units_page(**query, limit=1).total if grouped else runs_total
     pages = max(1, -(-total // limit))
     page_no = st.pagination(pages, key=K("page")) if pages > 1 else 1
     offset = (min(page_no, pages) - 1) * limit
-    running = queries.runs_page(**query, limit=limit, offset=offset).runs
-    live = any(not r.finished for r in running)
+    if grouped:
+        shown = [r for runs in members_of(queries.units_page(**query, limit=limit, offset=offset).units).values()
+                 for r in runs]
+    else:
+        shown = list(queries.runs_page(**query, limit=limit, offset=offset).runs)
+    live = any(not r.finished for r in shown)
 
     @st.fragment(run_every=max(queries.REFRESH_S, 2.0) if live else None)
     def body() -> None:
-        selected = table(query, offset, limit)
+        selected = grouped_table(query, offset, limit) if grouped else table(query, offset, limit)
         action_bar(selected)
 
     body()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -88,7 +88,7 @@ def parallel(runs: Sequence[RunRecord], metric: str) -> go.Figure:
 def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], xmode: str,
                   smoothing: float) -> list[tuple[str, go.Figure]]:
     labels = _labels(runs)
-    mappers = {r.id: _mapper(r, xmode) for r in runs}
+    mappers = {r.id: x_mapper(r, xmode) for r in runs}
     out = []
     for key in keys:
         traces = []
@@ -96,18 +96,27 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             s: Series | None = series.get(r.id, {}).get(key)
             if s is None or not s.steps:
                 continue
-            x = [t - (r.started_at.timestamp() if r.started_at else s.steps[0]) for t in s.steps] \
-                if key.startswith(SYSTEM_PREFIX) else mappers[r.id](s.steps)
-            traces.append(charts.Trace(label, x, s.values, markers=per_epoch(key),
+            traces.append(charts.Trace(label, x_values(r, s, key, mappers[r.id]), s.values, markers=per_epoch(key),
                                        color=charts.PALETTE[i % len(charts.PALETTE)]))
         if traces:
-            x_title = charts.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
-            out.append((key, charts.line_figure(key, traces, x_title=x_title, smoothing=smoothing,
+            out.append((key, charts.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
                                                 uirevision=f"compare:{key}:{xmode}", height=340)))
     return out
 
 
-def _mapper(r: RunRecord, xmode: str):
+def x_title(key: str, xmode: str) -> str:
+    return charts.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
+
+
+def x_values(r: RunRecord, s: Series, key: str, mapper) -> list[float]:
+    """A series' x: its steps mapped to the x-axis mode; a system metric's, seconds since the run started."""
+    if key.startswith(SYSTEM_PREFIX):
+        start = r.started_at.timestamp() if r.started_at else s.steps[0]
+        return [t - start for t in s.steps]
+    return mapper(s.steps)
+
+
+def x_mapper(r: RunRecord, xmode: str):
     if xmode == "step":
         return list
     anchors = queries.epoch_anchors(r.id)
@@ -117,12 +126,16 @@ def _mapper(r: RunRecord, xmode: str):
     return charts.step_mapper(anchors, xmode, r.started_at.timestamp() if r.started_at else None, spe)
 
 
-def curves_csv(runs: Sequence[RunRecord], series: dict, keys: Sequence[str]) -> bytes:
+def curves_csv(runs: Sequence[RunRecord], series: dict, keys: Sequence[str],
+               groups: Mapping[str, str] | None = None) -> bytes:
+    """Every point shown, one row each; with `groups` (run id -> group label), the group of each run too."""
+    columns = ["run_id", "run", *(["group"] if groups is not None else []), "key", "step", "value"]
     rows = []
     for r in runs:
+        extra = {"group": groups.get(r.id, "")} if groups is not None else {}
         for key in keys:
             s = series.get(r.id, {}).get(key)
             if s is not None:
-                rows += [{"run_id": r.id, "run": r.name, "key": key, "step": st, "value": v}
+                rows += [{"run_id": r.id, "run": r.name, **extra, "key": key, "step": st, "value": v}
                          for st, v in zip(s.steps, s.values, strict=True)]
-    return pd.DataFrame(rows, columns=["run_id", "run", "key", "step", "value"]).to_csv(index=False).encode()
+    return pd.DataFrame(rows, columns=columns).to_csv(index=False).encode()

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from core.names import CLAIMABLE_STATUSES
 from db import repo
 from app.services import engine_for
+from app.ui import run_units
 from db.engine import database_url
 from db.types import (
     DatasetRecord,
@@ -24,6 +25,7 @@ from db.types import (
     RunPage,
     RunRecord,
     Series,
+    SweepRecord,
     WorkerRecord,
 )
 
@@ -47,15 +49,83 @@ def clear() -> None:
 
 @st.cache_data(ttl=2, show_spinner=False)
 def _runs_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
-               sort: str, descending: bool, limit: int, offset: int) -> RunPage:
+               sweep_id: str | None, sort: str, descending: bool, limit: int, offset: int) -> RunPage:
     return repo.list_runs(engine_for(url), status=status or None, tag=tag or None, owner=owner, text=text,
-                          sort=sort, descending=descending, limit=limit, offset=offset)
+                          sweep_id=sweep_id, sort=sort, descending=descending, limit=limit, offset=offset)
 
 
 def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
-              text: str | None = None, sort: str = "created_at", descending: bool = True,
-              limit: int = 50, offset: int = 0) -> RunPage:
-    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sort, descending, limit, offset)
+              text: str | None = None, sweep_id: str | None = None, sort: str = "created_at",
+              descending: bool = True, limit: int = 50, offset: int = 0) -> RunPage:
+    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None, sort,
+                      descending, limit, offset)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _units_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
+                sweep_id: str | None, sort: str, descending: bool, limit: int, offset: int) -> run_units.UnitPage:
+    return run_units.list_units(engine_for(url), status=status, tag=tag, owner=owner, text=text, sweep_id=sweep_id,
+                                sort=sort, descending=descending, limit=limit, offset=offset)
+
+
+def units_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
+               text: str | None = None, sweep_id: str | None = None, sort: str = "created_at",
+               descending: bool = True, limit: int = 50, offset: int = 0) -> run_units.UnitPage:
+    """The Runs page grouped: one row per sweep, per seed group, per other run (app.ui.run_units.UnitPage)."""
+    return _units_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None, sort,
+                       descending, limit, offset)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _runs_by_id(url: str, run_ids: tuple[str, ...]) -> dict[str, RunRecord]:
+    return run_units.load(engine_for(url), run_ids)
+
+
+def runs_by_id(run_ids: Sequence[str]) -> dict[str, RunRecord]:
+    """The runs that still exist, by id (one query for the lot)."""
+    return _runs_by_id(db_url(), tuple(run_ids))
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _sweeps(url: str) -> list[SweepRecord]:
+    return repo.list_sweeps(engine_for(url))
+
+
+def sweeps() -> list[SweepRecord]:
+    """The newest sweeps (at most 500), newest first."""
+    return _sweeps(db_url())
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _sweep(url: str, sweep_id: str) -> SweepRecord | None:
+    try:
+        return repo.get_sweep(engine_for(url), sweep_id)
+    except repo.SweepNotFound:
+        return None
+
+
+def sweep(sweep_id: str) -> SweepRecord | None:
+    return _sweep(db_url(), sweep_id)
+
+
+@st.cache_data(ttl=5, show_spinner=False, max_entries=256)
+def _sweep_runs(url: str, sweep_id: str) -> list[RunRecord]:
+    return repo.sweep_runs(engine_for(url), sweep_id)
+
+
+def sweep_runs(sweep_id: str) -> list[RunRecord]:
+    """A sweep's runs by trial."""
+    return _sweep_runs(db_url(), sweep_id)
+
+
+@st.cache_data(ttl=5, show_spinner=False, max_entries=256)
+def _group_runs(url: str, group_id: str) -> list[RunRecord]:
+    return repo.group_runs(engine_for(url), group_id)
+
+
+def group_runs(group_id: str) -> list[RunRecord]:
+    """A seed group's runs, oldest first."""
+    return _group_runs(db_url(), group_id)
 
 
 @st.cache_data(ttl=30, show_spinner=False)

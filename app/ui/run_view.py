@@ -11,7 +11,7 @@ import streamlit as st
 from app import services
 from app import auth, charts, jobs
 from app import fmt as f
-from app.ui import frame, queries
+from app.ui import frame, queries, run_units
 from core.config import RunSpec
 from core.names import (
     BUNDLE,
@@ -91,6 +91,61 @@ def status_panel(r: RunRecord) -> None:
         st.info("Cancel requested: the run stops after its current step.", icon=":material/stop_circle:")
     if r.error:
         st.error(f.md_text(r.error, multiline=True), icon=":material/error:")  # its text, never Markdown
+
+
+def lineage(r: RunRecord) -> None:
+    """Where the run belongs, as links: the sweep it is a trial of, and its seed group (on Compare, grouped)."""
+    bits = []
+    if r.sweep_id and (sweep := queries.sweep(r.sweep_id)) is not None:
+        trial = f"trial {r.trial} of sweep" if r.trial is not None else "run of sweep"
+        bits.append(f":material/science: [{trial} {f.md_text(sweep.name)}](sweep?id={r.sweep_id})")
+    if r.group_id and len(members := queries.group_runs(r.group_id)) > 1:
+        bits.append(f":material/stacks: [seed group of {len(members)} runs]({run_units.compare_link(members)})")
+    if bits:
+        st.caption(" · ".join(bits))
+
+
+def repeat_with_seeds(r: RunRecord, container) -> None:
+    """The run's spec again with k − 1 more seeds (seed + 1, ...): with this run, one seed group."""
+    seed = (r.spec or {}).get("seed")
+    with container.popover("Seeds…", icon=":material/stacks:", width="stretch",
+                           help="Repeat with k seeds: this run and k − 1 copies with other seeds, as one group"):
+        k = int(st.number_input("Runs in the seed group", min_value=2, max_value=20, value=3, step=1,
+                                key=f"run.seeds.{r.id}",
+                                help=f"This run and k − 1 copies with seeds {seed} + 1, {seed} + 2, …: shown as "
+                                     "one mean ± std on Compare and the sweep page."))
+        if r.group_id and len(members := queries.group_runs(r.group_id)) > 1:
+            st.caption(f"The new runs join this run's seed group of {len(members)} runs.")
+        if not st.button(f"Repeat with {k} seeds", key=f"run.repeat.{r.id}", type="primary", icon=":material/replay:"):
+            return
+        from app import sweeps  # the sweep package (and Optuna) only once someone repeats a run
+
+        try:
+            new = sweeps.repeat_with_seeds(r.id, k, owner=auth.current_user().id, engine=queries.engine())
+        except (RuntimeError, ValueError) as e:
+            st.error(f.md_text(e, multiline=True))
+            return
+    st.session_state[f"run.repeated.{r.id}"] = [x.id for x in new]
+    queries.clear()
+    st.rerun()  # the header shows the seed group, the notice its runs
+
+
+def repeated_notice(r: RunRecord) -> None:
+    """After Repeat with k seeds: the new runs and their group on Compare."""
+    ids = st.session_state.pop(f"run.repeated.{r.id}", None)
+    if not ids:
+        return
+    new = queries.runs_by_id(ids)
+    seeds = ", ".join(str((new[i].spec or {}).get("seed")) for i in ids if i in new)
+    st.success(f"Queued {len(ids)} run(s) with seeds {seeds}: with this run they form one seed group.",
+               icon=":material/stacks:")
+    for run_id in ids:
+        if run_id in new:
+            st.page_link(frame.RUN, label=f.md_text(new[run_id].name), query_params={"id": run_id},
+                         icon=":material/monitoring:")
+    members = queries.group_runs(r.group_id) if r.group_id else [r, *new.values()]
+    st.page_link(frame.COMPARE, label=f"Compare the seed group ({len(members)} runs)", icon=":material/compare_arrows:",
+                 query_params={"ids": ",".join(m.id for m in members[:20]), "group": "seed"})
 
 
 def waiting_for(queue: str) -> None:
