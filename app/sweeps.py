@@ -28,7 +28,13 @@ def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: 
     """Store the sweep and queue its first trials. The base spec's paths are checked like any run's."""
     from app.paths import check_paths
 
+    from app.services import max_queued_per_owner
+
     engine = engine or get_engine()
+    limit, in_flight = max_queued_per_owner(), spec.budget.parallel * spec.seeds
+    if limit is not None and in_flight > limit:
+        raise ValueError(f"budget.parallel × seeds = {in_flight} runs in flight at once, more than the {limit} queued runs "
+                         "this dashboard allows per person (TORCHDECK_MAX_QUEUED_PER_OWNER): lower budget.parallel")
     base = check_paths(spec.base, engine, _artifact_root())
     spec = spec.model_copy(update={"base": base})
     return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags)

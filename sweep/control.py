@@ -103,6 +103,8 @@ def judge_run(engine: Engine, run: RunRecord, epoch: int) -> str | None:
     if any(d.epoch == epoch for d in earlier):
         return None
     sweep = repo.get_sweep(engine, run.sweep_id)
+    if ((sweep.spec.get("pruner") or {}).get("kind") or "none") == "none":
+        return None  # nothing to judge: no need to read the sweep's trials
     verdict = study.judge(load_state(engine, sweep), run.trial, epoch)
     if verdict is None:
         return None

@@ -147,3 +147,17 @@ def test_an_uploaded_dataset_is_never_a_download_folder(team, engine, home, monk
                         status="ready", owner="ana")
     spec = RunSpec.from_dict({"data": {"name": "mnist", "path": str(uploaded), "download": True}})
     assert [f for f, _ in paths.path_problems(spec, engine, services.artifact_root())] == ["data.path"]
+
+
+def test_team_mode_refuses_a_sweep_whose_runs_in_flight_exceed_the_limit(team, engine, home, broker, monkeypatch):
+    from app import sweeps
+    from sweep.spec import SweepSpec
+
+    monkeypatch.setenv(services.MAX_QUEUED_ENV, "4")
+    spec = SweepSpec.model_validate({"base": digits().model_dump(mode="json"), "seeds": 3, "budget": {"parallel": 2},
+                                     "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001]}}, "method": "grid"})
+    with pytest.raises(ValueError, match="budget.parallel × seeds = 6 runs in flight"):
+        sweeps.submit_sweep(spec, owner="ana", engine=engine)
+    assert repo.list_sweeps(engine) == [] and broker.llen(spec.base.resource) == 0
+    ok = sweeps.submit_sweep(spec.model_copy(update={"seeds": 2}), owner="ana", engine=engine)
+    assert broker.llen(spec.base.resource) == 4 and len(repo.sweep_runs(engine, ok.id)) == 4
