@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.names import STALE_AFTER_S
+from core.names import FINISHED_STATUSES, STALE_AFTER_S
+from core.redact import redact
 from db.artifacts import ArtifactStore, local_run_root, open_store
 
 
 class WorkerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TORCHDECK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TORCHDECK_", extra="ignore", hide_input_in_errors=True)
 
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker (Redis).")
     artifacts: str | None = Field(
@@ -38,6 +40,41 @@ class WorkerSettings(BaseSettings):
     visibility_timeout_s: int = Field(
         3600, ge=60, description="Redis redelivers an unacknowledged task after this; a duplicate is refused by the database claim."
     )
+    webhook_url: str | None = Field(
+        None, description="Run-end notifications: a JSON POST (a Slack-compatible `text` and the run's figures) to this "
+        "http(s) URL when a run ends, e.g. a Slack incoming webhook. Unset or empty: none is sent.")
+    webhook_on: str = Field(
+        ",".join(FINISHED_STATUSES), description="Comma-separated final statuses that notify (e.g. failed,diverged); "
+        "unset or empty: every one.")
+    public_url: str | None = Field(
+        None, description="The dashboard's public address (https://torchdeck.example.com): notifications link to the run's page.")
+
+    @field_validator("webhook_url", "public_url", mode="before")
+    @classmethod
+    def _http_url(cls, value: object, info) -> str | None:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        text = str(value).strip()
+        parts = urlsplit(text)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"TORCHDECK_{info.field_name.upper()} must be an http:// or https:// URL with a host "
+                             f"(e.g. https://hooks.slack.com/services/...), not {redact(text)!r}")
+        return text
+
+    @field_validator("webhook_on", mode="before")
+    @classmethod
+    def _final_statuses(cls, value: object) -> str:
+        names = [v.strip().lower() for v in str(value or "").split(",") if v.strip()]
+        unknown = [n for n in names if n not in FINISHED_STATUSES]
+        if unknown:
+            raise ValueError(f"TORCHDECK_WEBHOOK_ON: {', '.join(unknown)} is not a final status; "
+                             f"use a comma-separated list of {', '.join(FINISHED_STATUSES)}")
+        return ",".join(dict.fromkeys(names)) or ",".join(FINISHED_STATUSES)
+
+    @property
+    def webhook_statuses(self) -> tuple[str, ...]:
+        """The final statuses that notify (TORCHDECK_WEBHOOK_ON)."""
+        return tuple(self.webhook_on.split(","))
 
     def artifact_root(self) -> Path:
         """This host's run root: the store's folder when it is local, else a local working copy."""

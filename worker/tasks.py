@@ -33,6 +33,7 @@ from core.names import RUN_QUEUES, RUN_TASK, gpu_key, queue_for
 from worker.broker import run_ids_in_broker
 from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, spare_main
+from worker.notify import notify_run_end
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.worker")
@@ -86,6 +87,7 @@ def execute_run(run_id: str) -> str:
         _state["current_run"] = None
         if run.sweep_id is not None:
             advance_sweep(run.sweep_id)
+        notify_run_end(engine(), run_id, worker_id=worker_id)  # (in the background: only if it ended here)
 
 
 def advance_sweep(sweep_id: str) -> None:
@@ -255,8 +257,9 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
     for run_id in mark_lost(engine(), s.stale_after_s):
         r = get_run(engine(), run_id)
         if r.attempt >= s.max_attempts:
-            finish_run(engine(), run_id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: its worker "
-                       "stopped heartbeating (crashed, killed or disconnected); not retried again")
+            if finish_run(engine(), run_id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: its worker "
+                          "stopped heartbeating (crashed, killed or disconnected); not retried again") is not None:
+                notify_run_end(engine(), run_id, settings=s)
             continue
         append_events(engine(), run_id, [EventInput(
             "lifecycle", "warning", f"worker {r.worker_id} stopped heartbeating; re-queued (attempt {r.attempt + 1} of "
