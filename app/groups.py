@@ -48,7 +48,7 @@ def add_band(fig: go.Figure, xs: Sequence[float], means: Sequence[float], stds: 
     rgba = _rgba(color, 0.2)
     upper = [m + s for m, s in zip(means, stds, strict=True)]
     lower = [m - s for m, s in zip(means, stds, strict=True)]
-    fig.add_trace(go.Scatter(x=list(xs) + list(xs)[::-1], y=upper + lower[::-1], fill="toself", fillcolor=rgba,
+    fig.add_trace(go.Scatter(x=list(xs) + list(xs)[::-1], y=upper + lower[::-1], mode="lines", fill="toself", fillcolor=rgba,
                              line={"width": 0}, hoverinfo="skip", showlegend=False, legendgroup=group, name=f"{name} ± std"))
     fig.add_trace(go.Scatter(x=list(xs), y=list(means), mode="lines", name=name, legendgroup=group,
                              line={"color": color}))

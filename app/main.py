@@ -31,6 +31,7 @@ pages = {
         st.Page(PAGES / "new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
         st.Page(PAGES / "run.py", title="Run", icon=":material/monitoring:", url_path="run"),
         st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+        st.Page(PAGES / "sweep.py", title="Sweeps", icon=":material/tune:", url_path="sweep"),
         st.Page(PAGES / "artifact.py", title="Artifact", icon=":material/download:", url_path="artifact"),
     ],
     "Resources": [

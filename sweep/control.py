@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 
 from core.names import FINISHED_STATUSES
 from db import repo
+from db.runs import check_tags
 from db.types import RunRecord, SweepRecord
 from sweep import study
 from sweep.spec import SweepSpec
@@ -44,9 +45,8 @@ def create(engine: Engine, spec: SweepSpec, *, owner: str, send: Send, name: str
            tags: Sequence[str] = ()) -> SweepRecord:
     """Store the sweep and queue its first trials (up to `parallel`)."""
     label = name or spec.name or f"{spec.base.data.name}-{spec.base.model.name}-{spec.method}"
-    stored = spec.model_copy(update={"name": label}).model_dump(mode="json", by_alias=True)
-    if tags:
-        stored["tags"] = list(tags)
+    all_tags = check_tags([*spec.tags, *tags])  # each tag checked before anything is stored
+    stored = spec.model_copy(update={"name": label, "tags": all_tags}).model_dump(mode="json", by_alias=True)
     sweep = repo.create_sweep(engine, stored, name=label, owner=owner)
     advance(engine, sweep.id, send)
     return repo.get_sweep(engine, sweep.id)
@@ -77,7 +77,7 @@ def advance(engine: Engine, sweep_id: str, send: Send) -> list[RunRecord]:
         params, attrs = study.ask(state)
         runs = [(spec.run_spec(params, i, run_name(sweep, number, i, spec.seeds)).model_dump(mode="json"),
                  run_name(sweep, number, i, spec.seeds)) for i in range(spec.seeds)]
-        created = repo.add_trial(engine, sweep, number, params, attrs, runs, tags=sweep.spec.get("tags") or ())
+        created = repo.add_trial(engine, sweep, number, params, attrs, runs, tags=spec.tags)
         for run in created or ():
             _send(send, run)
         queued += created or []

@@ -139,6 +139,7 @@ class SweepSpec(_Section):
     pruner: PrunerSpec = Field(default_factory=PrunerSpec, description="Stop trailing trials early.")
     seeds: int = Field(1, ge=1, le=20, description="Seeds per configuration (base seed, +1, ...), shown as one group.")
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="The sampler's seed (default: the base spec's).")
+    tags: list[str] = Field(default_factory=list, max_length=20, description="Tags of every trial's run.")
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:

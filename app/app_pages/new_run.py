@@ -1,4 +1,5 @@
-"""New run: a form for every RunSpec field, presets, YAML upload/download, clone, pre-flight, launch."""
+"""New run: a form for every RunSpec field, presets, YAML upload/download, clone, pre-flight, launch; and a
+sweep of it (app/ui/new_sweep.py: a sweep box beside numeric and choice fields, the Sweep section, sweep YAML)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app import auth, services
 from app import fmt as f
 from app import jobs
 from app.schema import errors_by_field, validate
-from app.ui import frame, queries, run_view, spec_form
+from app.ui import frame, new_sweep, queries, run_view, spec_form
 from core.config import RunSpec, SpecError
 
 K = frame.page_state("nr")
@@ -29,6 +30,7 @@ def load_into_form(spec: dict, source: str, parent: str | None = None) -> None:
 def forget_form() -> None:
     for name in ("source", "parent", "preflight"):
         st.session_state.pop(K(name), None)
+    new_sweep.forget()
 
 
 def presets_bar() -> None:
@@ -96,10 +98,15 @@ def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
     return (spec if not bad else None), by_field, general
 
 
-def launch(spec: RunSpec) -> None:
+def owner_and_tags() -> tuple[str, list[str]]:
     tags = [t.strip() for t in st.session_state.get(K("tags"), "").split(",") if t.strip()]
     # Team mode: the run belongs to whoever is signed in, whatever the form says.
     owner = auth.current_user().id if auth.team_mode() else (st.session_state.get(K("owner")) or "local")
+    return owner, tags
+
+
+def launch(spec: RunSpec) -> None:
+    owner, tags = owner_and_tags()
     try:
         r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
                             engine=queries.engine())
@@ -138,6 +145,31 @@ def preflight_panel() -> None:
             st.image(result["grid"], caption="Training samples with their labels: check they match")
 
 
+def form():
+    """The form (the run's fields, each numeric and choice one with a sweep box; the Sweep section; the buttons)."""
+    with st.form(K("form"), border=False):
+        with st.container(border=True):
+            a, b, c = st.columns(3)
+            with a:
+                spec_form._widget(spec_form._by_path("name"))
+                name_slot = st.empty()
+            b.text_input("Owner", key=K("owner"), disabled=auth.team_mode(),
+                         help="Who the run belongs to (filter on the Runs page)"
+                              + ("; in team mode, the signed-in user." if auth.team_mode() else "."))
+            c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
+        slots = spec_form.render({"Data": dataset_picker}, draw=new_sweep.draw_field)
+        slots["name"] = name_slot
+        sweep = new_sweep.section()
+        general_slot = st.empty()
+        v, p, l_ = st.columns([1, 1, 1])
+        validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
+        preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:",
+                                                 width="stretch")
+        launch_clicked = l_.form_submit_button("Launch run", type="secondary" if sweep.active else "primary",
+                                               icon=":material/rocket_launch:", width="stretch")
+    return slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked)
+
+
 def main() -> None:
     st.title("New run")
     if spec_form.ensure_defaults():
@@ -149,45 +181,33 @@ def main() -> None:
     st.session_state.setdefault(K("tags"), "")
     clone_from_query()
     presets_bar()
+    new_sweep.yaml_bar(load_into_form)
     if st.session_state.get(K("source")):
         st.info(f"Form filled from {st.session_state[K('source')]}. Change anything, then launch.",
                 icon=":material/content_copy:")
-    with st.form(K("form"), border=False):
-        with st.container(border=True):
-            a, b, c = st.columns(3)
-            with a:
-                spec_form._widget(spec_form._by_path("name"))
-                name_slot = st.empty()
-            b.text_input("Owner", key=K("owner"), disabled=auth.team_mode(),
-                         help="Who the run belongs to (filter on the Runs page)"
-                              + ("; in team mode, the signed-in user." if auth.team_mode() else "."))
-            c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
-        slots = spec_form.render({"Data": dataset_picker})
-        slots["name"] = name_slot
-        general_slot = st.empty()
-        v, p, l_ = st.columns([1, 1, 1])
-        validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
-        preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:",
-                                                 width="stretch")
-        launch_clicked = l_.form_submit_button("Launch run", type="primary", icon=":material/rocket_launch:",
-                                               width="stretch")
+    new_sweep.prepare()
+    slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked) = form()
     spec, by_field, general = read_spec()
-    if validate_clicked or preflight_clicked or launch_clicked:
+    if validate_clicked or preflight_clicked or launch_clicked or sweep.setup or sweep.check or sweep.launch:
         spec_form.show_errors(slots, by_field)
         if general:
             general_slot.error("\n\n".join(f.md_text(g, multiline=True) for g in general), icon=":material/error:")
         if spec is None:
             n = sum(len(v) for v in by_field.values()) + len(general)
             st.error(f"The spec has {n} problem(s): see the messages beside the fields.", icon=":material/error:")
+        elif launch_clicked and new_sweep.single_run_refused():
+            st.error(new_sweep.single_run_refused(), icon=":material/tune:")
         elif launch_clicked:
             launch(spec)
         elif preflight_clicked:
             show_preflight(spec)
-        else:
+        elif validate_clicked:
             st.success(f"Valid spec: queue '{spec.resource}', hash {spec.spec_hash()[:12]}",
                        icon=":material/check_circle:")
-        if spec is not None and not launch_clicked:
+        if spec is not None and not launch_clicked and not sweep.launch:
             run_view.waiting_for(spec.resource)
+    owner, tags = owner_and_tags()
+    new_sweep.after_form(spec, sweep, slots, owner=owner, tags=tags)
     preflight_panel()
     if spec is not None:
         st.download_button("Download spec as YAML", spec.to_yaml(), file_name=f"{spec.name or 'run'}.yaml",

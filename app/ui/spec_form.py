@@ -7,6 +7,7 @@ preset, an uploaded YAML or a cloned run fills the form: write the keys, then re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
@@ -96,25 +97,33 @@ def _int(v: float | None) -> int | None:
     return None if v is None else int(v)
 
 
-def render_group(group: str, slots: dict[str, Any], columns: int = 3) -> None:
-    """The widgets of one group in `columns` columns, each followed by its error slot."""
+def draw_field(f: FormField, slots: dict[str, Any]) -> None:
+    """One field: its widget, then its error slot."""
+    _widget(f)
+    slots[f.path] = st.empty()
+
+
+def render_group(group: str, slots: dict[str, Any], columns: int = 3,
+                 draw: Callable[[FormField, dict[str, Any]], None] = draw_field) -> None:
+    """The fields of one group in `columns` columns, each drawn by `draw` (its widget and its error slot)."""
     fields = [f for f in FIELDS if f.group == group]
     cols = st.columns(columns)
     for i, f in enumerate(fields):
         with cols[i % columns]:
-            _widget(f)
-            slots[f.path] = st.empty()
+            draw(f, slots)
 
 
-def render(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """All groups (call inside a st.form); returns the error slots by field path."""
+def render(extra: dict[str, Any] | None = None,
+           draw: Callable[[FormField, dict[str, Any]], None] = draw_field) -> dict[str, Any]:
+    """All groups (call inside a st.form); returns the error slots by field path. `draw` draws one field
+    (the New run page's adds a sweep box beside some)."""
     slots: dict[str, Any] = {}
     for group in GROUPS:
         with st.container(border=True):
             st.markdown(f"**{group}**")
             if extra and group in extra:
                 extra[group]()
-            render_group(group, slots)
+            render_group(group, slots, draw=draw)
     return slots
 
 

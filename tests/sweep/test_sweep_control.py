@@ -152,3 +152,14 @@ def test_repeating_a_run_twice_never_repeats_a_seed(engine) -> None:
     group = repo.group_runs(engine, repo.get_run(engine, run.id).group_id)
     assert sorted(r.spec["seed"] for r in group) == [7, 8, 9, 10, 11] and len(again) == 2
     assert sorted(queue.sent) == sorted(r.id for r in first + again)
+
+
+def test_a_sweeps_tags_go_to_every_trial_and_survive_a_yaml_round_trip(engine) -> None:
+    queue = Queue()
+    spec = sweep_spec(budget={"parallel": 2}, tags=["lr-study"])
+    sweep = control.create(engine, spec, owner="ana", send=queue, tags=["team-a", "lr-study"])
+    runs = repo.sweep_runs(engine, sweep.id)
+    assert len(runs) == 2 and all(set(r.tags) == {"lr-study", "team-a"} for r in runs)
+    assert control.spec_of(repo.get_sweep(engine, sweep.id)).tags == ["lr-study", "team-a"]
+    with pytest.raises(ValueError, match="tag"):
+        control.create(engine, spec, owner="ana", send=queue, tags=["x" * 65])
