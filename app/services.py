@@ -31,6 +31,7 @@ from db.repo import (
     get_run,
     request_cancel,
 )
+from db.repo import set_notes as store_notes, set_tags as store_tags
 
 
 
@@ -173,6 +174,23 @@ def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     run = get_run(engine, run_id)
     check_can_modify(by, run, "cancel", owner_label(run.owner, engine))
     return request_cancel(engine, run_id)
+
+
+def set_tags(run_id: str, tags: Iterable[str], engine: Engine | None = None, *, by: User) -> RunRecord:
+    """Replace a run's tags, at any time after launch. Only the run's owner or an admin may (PermissionDenied)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "tag", owner_label(run.owner, engine))
+    return store_tags(engine, run_id, tags)
+
+
+def set_notes(run_id: str, notes: str, engine: Engine | None = None, *, by: User) -> RunRecord:
+    """Replace a run's notes (plain text, at most db.types.NOTES_LEN characters: ValueError beyond; blank clears
+    them). Only the run's owner or an admin may (PermissionDenied)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "annotate", owner_label(run.owner, engine))
+    return store_notes(engine, run_id, notes)
 
 
 def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select
+from sqlalchemy import Engine, and_, exists, func, or_, select
 from sqlalchemy.orm import aliased
 
+from db import filters
 from db.engine import connection_scope
 from db.models import MetricRollup, Run, RunTag
 from db.rollup import WHOLE_SERIES_LEVEL
@@ -42,6 +43,7 @@ def list_runs(
     parent_id: str | None = None,
     sweep_id: str | None = None,
     group_id: str | None = None,
+    expression: str | None = None,
     sort: str = "created_at",
     descending: bool = True,
     limit: int = 50,
@@ -50,16 +52,18 @@ def list_runs(
     """One page of runs matching every filter given, with the total that match.
 
     `sweep_id` and `group_id` keep a sweep's trials, a seed group's runs. `status` and `tag` take one value or several (any of the statuses; all of
-    the tags). `text` matches a part of the name (any case) or the start of
-    the id. `sort` is a column in SORT_COLUMNS or "metric:<key>"; runs
-    without a value sort last either way, and ties are broken by id so that
-    pages never overlap.
+    the tags). `text` matches a part of the name, of a tag or of the notes (any
+    case) or the start of the id. `expression` is a filter expression
+    (db.filters: `val/acc > 0.9 and optim.lr <= 1e-3`; FilterError when it
+    cannot be read). `sort` is a column in SORT_COLUMNS or "metric:<key>";
+    runs without a value sort last either way, and ties are broken by id so
+    that pages never overlap.
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     if offset < 0:
         raise ValueError(f"offset must be 0 or more, got {offset}")
-    where = conditions(status, tag, owner, text, parent_id)
+    where = conditions(status, tag, owner, text, parent_id, expression=expression)
     if sweep_id is not None:
         where.append(Run.sweep_id == sweep_id)
     if group_id is not None:
@@ -85,8 +89,10 @@ def conditions(
     owner: str | None,
     text: str | None,
     parent_id: str | None,
+    *,
+    expression: str | None = None,
 ) -> list[Any]:
-    conditions: list[Any] = []
+    conditions: list[Any] = filters.conditions(expression)
     statuses = _as_tuple(status)
     unknown = [s for s in statuses if s not in RUN_STATUSES]
     if unknown:
@@ -104,6 +110,8 @@ def conditions(
         conditions.append(or_(
             Run.name.icontains(needle, autoescape=True),
             Run.id.startswith(needle.lower(), autoescape=True),
+            Run.notes.icontains(needle, autoescape=True),
+            exists().where(RunTag.run_id == Run.id, RunTag.tag.icontains(needle, autoescape=True)),
         ))
     return conditions
 

@@ -117,6 +117,8 @@ class Run(Base):
     sweep_id: Mapped[str | None] = mapped_column(String(ID_LEN), ForeignKey("sweep.id"), index=True)
     trial: Mapped[int | None] = mapped_column(Integer)
     group_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
+    # Plain text about the run, written after launch by its owner or an admin; NULL for none.
+    notes: Mapped[str | None] = mapped_column(Text)
 
 
 class Sweep(Base):

@@ -15,6 +15,7 @@ from db.errors import (
     SchemaOutOfDate,
     SweepNotFound,
 )
+from db.filters import FilterError, parse as parse_filter, spec_fields
 from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem
 from db.records import (
@@ -36,6 +37,8 @@ from db.records import (
     upsert_worker,
 )
 from db.runs import (
+    check_notes,
+    check_tags,
     claim_run,
     create_run,
     delete_run,
@@ -46,7 +49,9 @@ from db.runs import (
     mark_lost,
     new_group_id,
     unclaimed_runs,
+    readable_name,
     request_cancel,
+    set_notes,
     set_tags,
     stale_runs,
 )
@@ -102,4 +107,5 @@ __all__ = [
     "SweepNotFound", "SweepRecord", "TrialRecord", "DecisionRecord", "create_sweep", "get_sweep", "list_sweeps",
     "finish_sweep", "add_trial", "trials", "sweep_runs", "group_runs", "set_group", "epoch_values", "record_decision",
     "decisions", "new_group_id", "Unit", "UnitPage", "list_units",
+    "set_notes", "check_notes", "check_tags", "readable_name", "FilterError", "parse_filter", "spec_fields",
 ]

@@ -26,6 +26,7 @@ from db.types import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
     NAME_LEN,
+    NOTES_LEN,
     RUN_STATUSES,
     OWNER_LEN,
     TAG_LEN,
@@ -69,7 +70,7 @@ def create_run(
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
     stored_spec, digest = spec_json(spec)
     run_id = new_id()
-    name = run_id if name is None else name.strip()
+    name = readable_name(spec, run_id) if name is None else name.strip()
     _check_text("name", name, NAME_LEN)
     _check_text("owner", owner, OWNER_LEN)
     tag_list = check_tags(tags)
@@ -86,6 +87,14 @@ def create_run(
         session.flush()  # the run row must exist before its tags reference it
         session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
     return get_run(engine, run_id)
+
+
+def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
+    """The name of a run launched without one: its dataset, its model and the start of its id
+    (`digits-simple_cnn-3fa2c1`); `run-3fa2c1` for a spec that names neither."""
+    named = [s["name"].strip() for s in (spec.get("data"), spec.get("model"))
+             if isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"].strip()]
+    return "-".join([*(named or ["run"]), run_id[:6]])[-NAME_LEN:]
 
 
 def _check_queued(session: Session, owner: str, limit: int) -> None:
@@ -123,6 +132,24 @@ def set_tags(engine: Engine, run_id: str, tags: Iterable[str]) -> RunRecord:
         _require(session, run_id)
         session.execute(delete(RunTag).where(RunTag.run_id == run_id))
         session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
+    return get_run(engine, run_id)
+
+
+def check_notes(notes: str | None) -> str | None:
+    """Notes as stored: None for none (empty or blank), else the text as written, at most NOTES_LEN characters."""
+    if len(notes or "") > NOTES_LEN:
+        raise ValueError(f"notes are {len(notes):,} characters long; the limit is {NOTES_LEN:,}: shorten them")
+    if "\0" in (notes or ""):
+        raise ValueError("notes contain a NUL character (\\0), which the database cannot store: remove it")
+    return notes if notes and notes.strip() else None
+
+
+def set_notes(engine: Engine, run_id: str, notes: str | None) -> RunRecord:
+    """Replace the run's notes (plain text; empty clears them)."""
+    stored = check_notes(notes)
+    with session_scope(engine) as session:
+        if not _update(session, run_id, RUN_STATUSES, notes=stored):
+            raise RunNotFound(run_id)
     return get_run(engine, run_id)
 
 
@@ -164,7 +191,7 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         device=row.device, attempt=row.attempt, progress=row.progress,
         summary=row.summary or {}, error=row.error, tags=tuple(tags),
         parent_id=row.parent_id, cancel_requested=bool(row.cancel_requested), degraded=row.degraded,
-        sweep_id=row.sweep_id, trial=row.trial, group_id=row.group_id, metrics=metrics,
+        sweep_id=row.sweep_id, trial=row.trial, group_id=row.group_id, metrics=metrics, notes=row.notes or "",
     )
 
 

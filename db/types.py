@@ -30,6 +30,7 @@ NAME_LEN = 200
 OWNER_LEN = 400  # a team identity is <issuer>#<subject>
 EMAIL_LEN = 320
 TAG_LEN = 64
+NOTES_LEN = 10_000  # a run's notes, in characters
 KEY_LEN = MAX_METRIC_KEY  # metric keys (core.names builds the ones made from user input)
 EVENT_KEY_LEN = 160
 WORKER_ID_LEN = 200
@@ -95,6 +96,8 @@ class RunRecord:
     group_id: str | None = None
     # Per metric key; filled by get_run and list_runs.
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
+    # Plain text about the run (db.runs.set_notes); "" for none.
+    notes: str = ""
 
     @property
     def finished(self) -> bool:

@@ -11,6 +11,8 @@ from app import fmt as f
 from app.charts import X_MODES
 from app.ui import frame, queries, run_charts, run_view
 from app.ui.live_chart import live_charts
+from db import repo
+from db.types import NOTES_LEN
 
 K = frame.page_state("run")
 
@@ -33,20 +35,19 @@ def header(r) -> None:
     st.title(f.md_text(r.name))  # a name, an owner, a tag: shown as their text, never as Markdown
     bits = [f"id {f.code_span(r.id)}", f"owner {f.md_text(services.owner_label(r.owner, queries.engine()))}",
             f"created {r.created_at:%Y-%m-%d %H:%M}"]
-    if r.parent_id:
-        bits.append(f"parent {f.code_span(r.parent_id)}")
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
-    run_view.lineage(r)
+    run_view.lineage(r)  # parent, sweep, seed group and children, as links
+    run_view.notes_panel(r)
 
 
 def buttons(r) -> None:
-    wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
-              + ["compare", "seeds"])
-    cols = dict(zip(wanted, st.columns([1] * len(wanted) + [6 - len(wanted)])[:len(wanted)], strict=True))
     user = auth.current_user()
-    mine = auth.can_modify(user, r)  # cancel: owner or admin only (the service refuses the others too)
+    mine = auth.can_modify(user, r)  # cancel, tags and notes: owner or admin only (the service refuses the others too)
+    wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
+              + ["compare", "seeds"] + (["organise"] if mine else []))
+    cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[:len(wanted)], strict=True))
     why = None if mine else f"only {f.md_text(services.owner_label(r.owner, queries.engine()))} or an admin may cancel it"
     if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
                                                   disabled=not mine, help=why):
@@ -70,6 +71,33 @@ def buttons(r) -> None:
     if cols["compare"].button("Compare…", icon=":material/compare_arrows:", key=K("compare")):
         st.switch_page(frame.COMPARE, query_params={"ids": r.id})
     run_view.repeat_with_seeds(r, cols["seeds"])
+    if "organise" in cols and (refused := organise(r, user, cols["organise"])):
+        st.error(f.md_text(refused), icon=":material/error:")
+
+
+def organise(r, user: auth.User, container) -> str | None:
+    """Edit tags & notes (the run's owner or an admin: the others never see it, and the service refuses them);
+    why a save was refused, or None."""
+    with container.popover("Edit tags & notes", icon=":material/edit_note:", width="stretch"):
+        with st.form(K(f"organise.{r.id}"), border=False):
+            tags = st.text_input("Tags", value=", ".join(r.tags), key=K(f"tags.{r.id}"),
+                                 help="Comma-separated; the Runs page filters and searches by them.")
+            notes = st.text_area("Notes", value=r.notes, key=K(f"notes.{r.id}"), max_chars=NOTES_LEN, height=200,
+                                 help="Plain text, shown as written (never as Markdown); the Runs page's search "
+                                      "finds it.")
+            saved = st.form_submit_button("Save", type="primary", icon=":material/save:")
+    if not saved:
+        return None
+    tag_list = [t.strip() for t in tags.split(",") if t.strip()]
+    try:  # both checked before either is written: a refused edit changes nothing
+        repo.check_tags(tag_list)
+        repo.check_notes(notes)
+        services.set_tags(r.id, tag_list, engine=queries.engine(), by=user)
+        services.set_notes(r.id, notes, engine=queries.engine(), by=user)
+    except (auth.PermissionDenied, ValueError) as e:
+        return f"Tags and notes not saved: {e}"
+    queries.clear()
+    st.rerun()
 
 
 def live_status(run_id: str, was_active: bool) -> None:

@@ -9,6 +9,7 @@ import streamlit as st
 from app import auth, services
 from app import fmt as f
 from app.ui import frame, queries, run_units
+from db import repo
 from db.types import RUN_STATUSES, RunRecord
 
 K = frame.page_state("runs")
@@ -26,26 +27,77 @@ def show_flash() -> None:
 
 
 def filters() -> tuple[dict, bool]:
-    """The list's filters (those of queries.runs_page) and whether rows are grouped."""
+    """The list's filters (those of queries.runs_page) and whether rows are grouped. Each lives in the URL too
+    (`?status=`, `?tag=`, `?owner=`, `?search=`, `?sweep=`, `?q=`): a link opens the same view."""
     owners, tags = queries.owners_and_tags()
     labels = services.owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
+    from_url("status", K("status"), lambda raw: [s for s in (raw or "").split(",") if s in RUN_STATUSES])
+    from_url("tag", K("tag"), lambda raw: raw if raw in tags else None)
+    from_url("owner", K("owner"), lambda raw: raw if raw in owners else None)
+    from_url("search", K("text"), lambda raw: raw or "")
     a, b, c, d, e, g = st.columns([2, 1.2, 1.2, 2, 1.3, 0.8], vertical_alignment="bottom")
     status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status",
                            format_func=f.status_label)
     tag = b.selectbox("Tag", tags, index=None, key=K("tag"), placeholder="any tag")
     owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone",
                         format_func=lambda key: labels.get(key, key))
-    text = d.text_input("Search", key=K("text"), placeholder="name or id…")
+    text = d.text_input("Search", key=K("text"), placeholder="name, id, tag or notes…")
     sort = e.selectbox("Sort by", list(SORTS), key=K("sort"))
     descending = g.toggle("Desc.", value=True, key=K("desc"))
-    h, i, _ = st.columns([2.4, 2, 4.3], vertical_alignment="bottom")
+    for param, raw in (("status", ",".join(status)), ("tag", tag), ("owner", owner), ("search", text.strip())):
+        to_url(param, raw or None)
+    h, j, i = st.columns([2.4, 4.3, 2], vertical_alignment="bottom")
     sweep_id = sweep_filter(h)
-    grouped = i.toggle("Group sweeps and seed groups", key=K("group"),
+    expression = expression_filter(j)
+    grouped = i.toggle("Group sweeps and seed groups", key=K("group"), disabled=expression is not None,
                        help="One row per sweep and per seed group (runs that differ only by seed), with their best "
                             "objective as mean ± std (n); select a row to list its runs. Filtered to one sweep, its "
-                            "seed groups are the rows.")
+                            "seed groups are the rows." + (" Not with a filter expression: clear it to group."
+                                                           if expression is not None else ""))
     return {"status": status, "tag": [tag] if tag else [], "owner": owner, "text": text.strip() or None,
-            "sweep_id": sweep_id, "sort": SORTS[sort], "descending": descending}, grouped
+            "sweep_id": sweep_id, "expression": expression, "sort": SORTS[sort],
+            "descending": descending}, grouped and expression is None
+
+
+def from_url(param: str, key: str, parse) -> None:
+    """Before a filter's widget: `?param=` as its value, when a link (or the back button) changed it."""
+    raw = st.query_params.get(param) or None
+    if st.session_state.get(K(f"url.{param}")) != raw or key not in st.session_state:
+        st.session_state[K(f"url.{param}")] = raw
+        st.session_state[key] = parse(raw)
+
+
+def to_url(param: str, raw: str | None) -> None:
+    """After a filter's widget: its value as `?param=` (left out when empty), so the view can be shared by link."""
+    if raw != st.session_state.get(K(f"url.{param}")):
+        if raw:
+            st.query_params[param] = raw
+        else:
+            st.query_params.pop(param, None)
+        st.session_state[K(f"url.{param}")] = raw
+
+
+EXAMPLE = "val/acc > 0.9 and optim.lr <= 1e-3"
+FILTER_HELP = ("Conditions joined by `and`: a metric (its last value; `max(val/acc)`, `min(val/loss)`) or a "
+               "spec field (`optim.lr`, `train.batch_size`, `model.name`) compared with `>` `>=` `<` `<=` `==` "
+               "`!=`, and `status`, `owner`, `tag`, `sweep`, `parent` with `==` or `!=`. For example "
+               f"`{EXAMPLE}` or `model.name == resnet18 and tag != baseline`. Quote a value with spaces.")
+
+
+def expression_filter(col) -> str | None:
+    """The filter expression, kept in the URL (`?q=`); None when empty or unreadable (the error is shown under it)."""
+    from_url("q", K("q"), lambda raw: raw or "")
+    with col:
+        text = st.text_input("Filter", key=K("q"), placeholder=EXAMPLE, help=FILTER_HELP).strip()
+        to_url("q", text or None)
+        if not text:
+            return None
+        try:
+            repo.parse_filter(text)
+        except repo.FilterError as e:
+            st.error(f"Filter not applied: {f.md_text(e)}", icon=":material/filter_alt_off:")
+            return None
+    return text
 
 
 def sweep_filter(col) -> str | None:
@@ -247,17 +299,18 @@ def main() -> None:
     query, grouped = filters()
     limit = 50
     runs_total = queries.runs_page(**query, limit=1).total
-    if runs_total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text", "sweep_id")):
+    if runs_total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text", "sweep_id", "expression")):
         st.info("No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
                 icon=":material/info:")
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
-    total = queries.units_page(**query, limit=1).total if grouped else runs_total
+    unit_query = {k: v for k, v in query.items() if k != "expression"}  # grouped only without an expression
+    total = queries.units_page(**unit_query, limit=1).total if grouped else runs_total
     pages = max(1, -(-total // limit))
     page_no = st.pagination(pages, key=K("page")) if pages > 1 else 1
     offset = (min(page_no, pages) - 1) * limit
     if grouped:
-        shown = [r for runs in members_of(queries.units_page(**query, limit=limit, offset=offset).units).values()
+        shown = [r for runs in members_of(queries.units_page(**unit_query, limit=limit, offset=offset).units).values()
                  for r in runs]
     else:
         shown = list(queries.runs_page(**query, limit=limit, offset=offset).runs)
@@ -265,7 +318,7 @@ def main() -> None:
 
     @st.fragment(run_every=max(queries.REFRESH_S, 2.0) if live else None)
     def body() -> None:
-        selected = grouped_table(query, offset, limit) if grouped else table(query, offset, limit)
+        selected = grouped_table(unit_query, offset, limit) if grouped else table(query, offset, limit)
         action_bar(selected)
 
     body()

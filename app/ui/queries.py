@@ -49,16 +49,29 @@ def clear() -> None:
 
 @st.cache_data(ttl=2, show_spinner=False)
 def _runs_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
-               sweep_id: str | None, sort: str, descending: bool, limit: int, offset: int) -> RunPage:
+               sweep_id: str | None, expression: str | None, sort: str, descending: bool, limit: int,
+               offset: int) -> RunPage:
     return repo.list_runs(engine_for(url), status=status or None, tag=tag or None, owner=owner, text=text,
-                          sweep_id=sweep_id, sort=sort, descending=descending, limit=limit, offset=offset)
+                          sweep_id=sweep_id, expression=expression, sort=sort, descending=descending, limit=limit,
+                          offset=offset)
 
 
 def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
-              text: str | None = None, sweep_id: str | None = None, sort: str = "created_at",
-              descending: bool = True, limit: int = 50, offset: int = 0) -> RunPage:
-    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None, sort,
-                      descending, limit, offset)
+              text: str | None = None, sweep_id: str | None = None, expression: str | None = None,
+              sort: str = "created_at", descending: bool = True, limit: int = 50, offset: int = 0) -> RunPage:
+    """A page of runs; `expression` is a filter expression (db.filters; repo.FilterError when unreadable)."""
+    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None,
+                      expression or None, sort, descending, limit, offset)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def _children(url: str, run_id: str, limit: int) -> RunPage:
+    return repo.list_runs(engine_for(url), parent_id=run_id, sort="created_at", descending=False, limit=limit)
+
+
+def children(run_id: str, limit: int = 20) -> RunPage:
+    """The runs made from this one (clones, re-runs, seed copies, fine-tunes), oldest first, with their total."""
+    return _children(db_url(), run_id, limit)
 
 
 @st.cache_data(ttl=2, show_spinner=False)

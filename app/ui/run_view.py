@@ -4,6 +4,7 @@ Each takes a RunRecord and draws; the page decides which of them refresh live.""
 from __future__ import annotations
 
 from collections import deque
+from urllib.parse import quote
 
 import pandas as pd
 import streamlit as st
@@ -93,9 +94,28 @@ def status_panel(r: RunRecord) -> None:
         st.error(f.md_text(r.error, multiline=True), icon=":material/error:")  # its text, never Markdown
 
 
+def relation(parent: RunRecord, child: RunRecord) -> tuple[str, str]:
+    """How `child` was made from `parent`, as the child says it and as the parent lists it: a fine-tune (its
+    weights are the parent's checkpoint), a seed copy (same seed group), a re-run (the same spec), else a clone."""
+    weights = str(((child.spec or {}).get("model") or {}).get("weights_file") or "")
+    if parent.id in weights:
+        return "fine-tuned from", "fine-tune"
+    if child.group_id and child.group_id == parent.group_id:
+        return "seed copy of", "seed copy"
+    if child.spec_hash == parent.spec_hash:
+        return "re-run of", "re-run"
+    return "clone of", "clone"
+
+
+CHILDREN_SHOWN = 10
+
+
 def lineage(r: RunRecord) -> None:
-    """Where the run belongs, as links: the sweep it is a trial of, and its seed group (on Compare, grouped)."""
+    """Where the run belongs, as links: its parent run, the sweep it is a trial of, its seed group (on Compare,
+    grouped), and the runs made from it (clones, re-runs, seed copies, fine-tunes)."""
     bits = []
+    if r.parent_id and (parent := queries.run(r.parent_id)) is not None:
+        bits.append(f":material/family_history: {relation(parent, r)[0]} [{f.md_text(parent.name)}](run?id={parent.id})")
     if r.sweep_id and (sweep := queries.sweep(r.sweep_id)) is not None:
         trial = f"trial {r.trial} of sweep" if r.trial is not None else "run of sweep"
         bits.append(f":material/science: [{trial} {f.md_text(sweep.name)}](sweep?id={r.sweep_id})")
@@ -103,6 +123,23 @@ def lineage(r: RunRecord) -> None:
         bits.append(f":material/stacks: [seed group of {len(members)} runs]({run_units.compare_link(members)})")
     if bits:
         st.caption(" · ".join(bits))
+    kids = queries.children(r.id, limit=CHILDREN_SHOWN)
+    if kids.runs:
+        links = ", ".join(f"[{f.md_text(c.name)}](run?id={c.id}) ({relation(r, c)[1]})" for c in kids.runs)
+        more = kids.total - len(kids.runs)
+        every = f"runs?q={quote(f'parent == {r.id}')}"
+        st.caption(f":material/account_tree: {kids.total} run(s) made from this one: {links}"
+                   + (f" and [{more} more]({every})" if more > 0 else ""))
+
+
+def notes_panel(r: RunRecord) -> None:
+    """The run's notes as their text (never Markdown), scrolled when long."""
+    if not r.notes:
+        return
+    long = len(r.notes) > 800 or r.notes.count("\n") > 8
+    with st.container(border=True, height=240 if long else "content"):
+        st.caption(":material/notes: Notes")
+        st.markdown(f.md_text(r.notes, multiline=True))
 
 
 def repeat_with_seeds(r: RunRecord, container) -> None:
