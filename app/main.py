@@ -27,6 +27,7 @@ user = gate.gate()  # team mode: nobody sees a page (or any data) before signing
 
 pages = {
     "Experiments": [
+        st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:", url_path="overview"),
         st.Page(PAGES / "runs.py", title="Runs", icon=":material/table_rows:", url_path="runs", default=True),
         st.Page(PAGES / "new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
         st.Page(PAGES / "run.py", title="Run", icon=":material/monitoring:", url_path="run"),

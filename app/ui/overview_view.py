@@ -1,0 +1,242 @@
+"""The Overview page's data and panels: every running and recently finished run of everyone, with a small
+curve of loss and objective per run, diagnosis findings at a glance, and the queue with each run's position
+and who can take it.
+
+One refresh costs a fixed number of queries however many runs there are (three pages of runs, their
+findings, their curves, the owners' names, the workers): `load` assembles it all, `snapshot` shares it
+between viewers for a second."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import pandas as pd
+import streamlit as st
+from sqlalchemy import Engine
+
+from app import fmt as f
+from app import services
+from app.ui import queries
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, is_loss, queue_for
+from db import overview, repo
+from db.types import RunRecord
+
+# The live part refreshes this often (seconds): at least every two, a page many people keep open.
+REFRESH_S = max(queries.REFRESH_S, 2.0)
+WINDOWS = {"1 hour": 3600, "6 hours": 6 * 3600, "24 hours": 24 * 3600, "7 days": 7 * 24 * 3600}
+DEFAULT_WINDOW = "24 hours"
+MAX_RUNNING, MAX_FINISHED, MAX_QUEUED, SHOWN_QUEUED = 500, 100, 1000, 200
+MAX_ATTENTION = 10
+DEFAULT_OBJECTIVE = "val/loss"  # core.config's default early_stopping.monitor
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A run with diagnosis findings, for the list at the top."""
+
+    run_id: str
+    name: str
+    status: str
+    level: str
+    code: str
+    message: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    running: pd.DataFrame
+    finished: pd.DataFrame
+    queued: pd.DataFrame
+    attention: tuple[Attention, ...]
+    unserved: tuple[str, ...]  # QueueStatus.message() of each queue with waiting runs and no live worker
+    running_total: int
+    queued_total: int
+    finished_more: bool  # more runs finished within the window than shown
+
+
+def objective(r: RunRecord) -> str:
+    """The metric a run is judged on: its early stopping's monitor."""
+    es = ((r.spec or {}).get("train") or {}).get("early_stopping") or {}
+    return es.get("monitor") or DEFAULT_OBJECTIVE
+
+
+def objective_values(r: RunRecord, key: str) -> tuple[float | None, float | None]:
+    """(last, best so far) of the objective: the lowest of a loss, the highest of anything else."""
+    s = r.metrics.get(key)
+    if s is None:
+        return None, None
+    return s.last_value, s.min_value if is_loss(key) else s.max_value
+
+
+def finding_text(found: overview.Findings | None) -> str:
+    if found is None:
+        return ""
+    e = found.latest
+    mark = "⛔" if e.level == "error" else "⚠"
+    more = f" (+{found.count - 1})" if found.count > 1 else ""
+    return f"{mark} {e.code or (e.data or {}).get('code') or e.message}{more}"
+
+
+def _run_row(r: RunRecord, owners: dict[str, str], found: dict, curves: dict) -> dict:
+    key = objective(r)
+    last, best = objective_values(r, key)
+    return {"run": r.name, "owner": owners.get(r.owner, r.owner), "status": f.status_label(r.status),
+            "objective": key, "value": last, "best": best, "diagnosis": finding_text(found.get(r.id)),
+            "loss": curves.get((r.id, TRAIN_LOSS), []), "objective curve": curves.get((r.id, key), []),
+            "open": f"run?id={r.id}"}
+
+
+def running_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, curves: dict) -> pd.DataFrame:
+    rows = [{**_run_row(r, owners, found, curves), "progress": r.progress or 0.0, "ETA": f.seconds(f.eta_s(r)),
+             "worker": r.worker_id or "–", "device": r.device or "–"} for r in runs]
+    return pd.DataFrame(rows, columns=RUNNING_COLUMNS)
+
+
+def finished_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, curves: dict) -> pd.DataFrame:
+    rows = [{**_run_row(r, owners, found, curves), "finished": f"{f.seconds(f.age_s(r.finished_at))} ago",
+             "took": f.seconds(f.duration_s(r))} for r in runs]
+    return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
+
+
+RUNNING_COLUMNS = ["run", "owner", "progress", "ETA", "worker", "device", "objective", "value", "best", "diagnosis",
+                   "loss", "objective curve", "open"]
+FINISHED_COLUMNS = ["run", "owner", "status", "finished", "took", "objective", "value", "best", "diagnosis", "loss",
+                    "objective curve", "open"]
+QUEUED_COLUMNS = ["position", "queue", "run", "owner", "status", "waiting", "who can take it", "open"]
+
+
+def takers(status: services.QueueStatus) -> str:
+    """Who would take a run of this queue now, in a table cell."""
+    if not status.served:
+        return f"no live worker serves the '{status.queue}' queue"
+    names = ", ".join(w.id + (" (busy)" if w.current_run_id else "") for w in status.workers[:3])
+    return names + (f" and {len(status.workers) - 3} more" if len(status.workers) > 3 else "")
+
+
+def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, services.QueueStatus]
+                 ) -> pd.DataFrame:
+    """Each waiting run's position in its own queue (by creation: the order a worker takes them)."""
+    seen: dict[str, int] = {}
+    rows = []
+    for r in runs:
+        queue = queue_for((r.spec or {}).get("device"))
+        seen[queue] = seen.get(queue, 0) + 1
+        if len(rows) < SHOWN_QUEUED:
+            rows.append({"position": seen[queue], "queue": queue, "run": r.name, "owner": owners.get(r.owner, r.owner),
+                         "status": f.status_label(r.status), "waiting": f.seconds(f.age_s(r.created_at)),
+                         "who can take it": takers(statuses[queue]), "open": f"run?id={r.id}"})
+    return pd.DataFrame(rows, columns=QUEUED_COLUMNS)
+
+
+def attention(runs: list[RunRecord], found: dict[str, overview.Findings]) -> tuple[Attention, ...]:
+    """The runs shown that have findings: errors first, then running before finished, newest finding first."""
+    out = []
+    for r in runs:
+        if (hit := found.get(r.id)) is not None:
+            e = hit.latest
+            out.append(Attention(r.id, r.name, r.status, e.level, e.code or (e.data or {}).get("code") or "",
+                                 e.message, hit.count))
+    order = {a.run_id: found[a.run_id].latest.id for a in out}
+    return tuple(sorted(out, key=lambda a: (a.level != "error", a.status != "running", -order[a.run_id])))
+
+
+def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapshot:
+    """Everything one refresh shows, from the database (no cache)."""
+    now = now or f.now()
+    running = repo.list_runs(engine, status="running", sort="started_at", limit=MAX_RUNNING)
+    done = repo.list_runs(engine, status=list(FINISHED_STATUSES), sort="finished_at", limit=MAX_FINISHED)
+    since = now - timedelta(seconds=window_s)
+    recent = [r for r in done.runs if r.finished_at is not None and r.finished_at >= since]
+    queued = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False,
+                            limit=MAX_QUEUED)
+    shown = [*running.runs, *recent]
+    found = overview.findings(engine, [r.id for r in shown])
+    curves = overview.curves(engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, objective(r))])
+    owners = services.owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
+    statuses = {q: services.queue_status(q, engine=engine)
+                for q in sorted({queue_for((r.spec or {}).get("device")) for r in queued.runs})}
+    return Snapshot(
+        running=running_frame(list(running.runs), owners, found, curves),
+        finished=finished_frame(recent, owners, found, curves),
+        queued=queued_frame(list(queued.runs), owners, statuses),
+        attention=attention(shown, found),
+        unserved=tuple(s.message() for s in statuses.values() if not s.served),
+        running_total=running.total, queued_total=queued.total,
+        finished_more=len(recent) == len(done.runs) and done.total > len(done.runs))
+
+
+@st.cache_data(ttl=1, show_spinner=False, max_entries=16)
+def _snapshot(url: str, window_s: float) -> Snapshot:
+    return load(services.engine_for(url), window_s)
+
+
+def snapshot(window_s: float) -> Snapshot:
+    """`load`, shared for a second between everyone who has the page open."""
+    return _snapshot(queries.db_url(), window_s)
+
+
+# --- panels -----------------------------------------------------------------------------------------------------
+
+def _columns() -> dict:
+    cc = st.column_config
+    return {"progress": cc.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+            "value": cc.NumberColumn("value", format="%.4f", help="The objective's last value."),
+            "best": cc.NumberColumn("best", format="%.4f", help="The objective's best value so far."),
+            "diagnosis": cc.TextColumn("diagnosis", help="The latest diagnosis warning or error (and how many more)."),
+            "loss": cc.LineChartColumn("train/loss", help="The whole run's training loss."),
+            "objective curve": cc.LineChartColumn("objective curve", help="The whole run's objective."),
+            "open": cc.LinkColumn("open", display_text="open ↗")}
+
+
+def counts(s: Snapshot, window: str) -> None:
+    a, b, c, d = st.columns(4)
+    a.metric("Running", s.running_total)
+    b.metric("Queued", s.queued_total)
+    c.metric(f"Finished in {window}", f"{len(s.finished)}{'+' if s.finished_more else ''}")
+    d.metric("Needing attention", len(s.attention))
+
+
+def attention_panel(s: Snapshot) -> None:
+    """Diagnosis findings at a glance: errors first; what a run wrote is shown as text."""
+    for a in s.attention[:MAX_ATTENTION]:
+        show = st.error if a.level == "error" else st.warning
+        more = f" ({a.count} findings)" if a.count > 1 else ""
+        code = f"**{f.md_text(a.code)}**: " if a.code and a.code != a.message else ""
+        show(f"**{f.md_text(a.name)}** ({f.status_label(a.status)}){more} — {code}{f.md_text(a.message)}",
+             icon=":material/troubleshoot:")
+    if len(s.attention) > MAX_ATTENTION:
+        st.caption(f"and {len(s.attention) - MAX_ATTENTION} more runs with findings: see the diagnosis column.")
+
+
+def running_panel(s: Snapshot) -> None:
+    st.subheader("Running")
+    if s.running.empty:
+        st.caption("Nothing is running.")
+        return
+    st.dataframe(s.running, hide_index=True, width="stretch", column_config=_columns())
+    if s.running_total > len(s.running):
+        st.caption(f"The {len(s.running)} started last of {s.running_total} running runs: the Runs page lists all.")
+
+
+def finished_panel(s: Snapshot, window: str) -> None:
+    st.subheader("Recently finished")
+    if s.finished.empty:
+        st.caption(f"No run finished in the last {window}.")
+        return
+    st.dataframe(s.finished, hide_index=True, width="stretch", column_config=_columns())
+    if s.finished_more:
+        st.caption(f"The {len(s.finished)} that finished last: the Runs page lists all.")
+
+
+def queue_panel(s: Snapshot) -> None:
+    st.subheader("Queued")
+    for message in s.unserved:
+        st.warning(message[0].upper() + message[1:], icon=":material/hourglass_disabled:")
+    if s.queued.empty:
+        st.caption("The queue is empty.")
+        return
+    st.dataframe(s.queued, hide_index=True, width="stretch", column_config=_columns())
+    if s.queued_total > len(s.queued):
+        st.caption(f"The first {len(s.queued)} of {s.queued_total} waiting runs: the Workers page lists more.")
