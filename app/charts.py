@@ -14,7 +14,10 @@ import plotly.graph_objects as go
 from app.fmt import plot_text
 
 X_MODES = ("step", "epoch", "time")
-X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start"}
+X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start", "wall": "wall-clock time (UTC)"}
+# Compare also draws runs against the clock ("wall": x is Unix seconds, drawn as dates).
+COMPARE_X_MODES = (*X_MODES, "wall")
+X_LABELS = {"step": "step", "epoch": "epoch", "time": "relative time", "wall": "wall time"}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 
@@ -70,15 +73,21 @@ def step_mapper(anchors: Sequence[tuple[int, int, float]], mode: str, started: f
     return to_x
 
 
+def as_dates(xs: Sequence[float]) -> np.ndarray:
+    """Unix seconds as datetimes (UTC), for a date x-axis."""
+    return (np.asarray(xs, dtype=float) * 1000).astype("datetime64[ms]")
+
+
 def line_figure(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: str, smoothing: float = 0.0,
-                log_y: bool = False, height: int = 300) -> go.Figure:
-    """Trace names and the title are shown as text (a run's or a class's name is never Plotly's HTML)."""
+                log_y: bool = False, height: int = 300, x_dates: bool = False) -> go.Figure:
+    """Trace names and the title are shown as text (a run's or a class's name is never Plotly's HTML).
+    With `x_dates`, the traces' x are Unix seconds, drawn on a date axis."""
     data = []
     for i, t in enumerate(traces):
         color = t.color or PALETTE[i % len(PALETTE)]
         name = plot_text(t.name)
         # numpy arrays: Plotly validates a list element by element (10× slower for 20 × 500 points).
-        x, y = np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+        x, y = as_dates(t.x) if x_dates else np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
         if smoothing > 0 and not t.markers and len(y) > 2:
             data.append(go.Scatter(x=x, y=y, name=f"{name} (raw)", mode="lines", showlegend=False,
                                    line={"color": color, "width": 1}, opacity=0.25, hoverinfo="skip",
@@ -93,7 +102,7 @@ def line_figure(title: str, traces: Sequence[Trace], *, x_title: str, uirevision
                       uirevision=uirevision, margin={"l": 10, "r": 10, "t": 64, "b": 10}, hovermode="x unified",
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
                               "font": {"size": 11}})
-    fig.update_xaxes(title_text=x_title)
+    fig.update_xaxes(title_text=x_title, **({"type": "date"} if x_dates else {}))
     if log_y:
         fig.update_yaxes(type="log", dtick=1, exponentformat="power")  # one label per decade
     else:

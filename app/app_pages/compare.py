@@ -1,8 +1,12 @@
 """Compare: overlaid curves, hyperparameters against a metric (parallel coordinates), the spec diff
 and a summary table of any set of runs (`?ids=a,b,c`). Grouped (`&group=seed|sweep|tag`), each seed group,
-sweep or tag is one mean curve with a ± std band and one summary row, its figures as mean ± std (n)."""
+sweep or tag is one mean curve with a ± std band and one summary row, its figures as mean ± std (n).
+While any chosen run is active (queued, running, lost) only the curves refresh, every queries.REFRESH_S seconds,
+in place (zoom and legend survive); the Curves CSV holds every stored point, built when its button is clicked."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import streamlit as st
 
@@ -11,7 +15,8 @@ from app.ui import compare_view as cv
 from app import fmt as f
 from app.ui import frame, queries
 from core.names import SYSTEM_PREFIX
-from app.charts import X_MODES
+from app.charts import COMPARE_X_MODES, X_LABELS
+from app.ui.live_chart import live_charts
 
 K = frame.page_state("cmp")
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
@@ -63,29 +68,69 @@ def choose_grouping(runs) -> list[cg.Group] | None:
     return cg.groups_of(runs, by, names)
 
 
-def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
+@dataclass(frozen=True)
+class CurveChoice:
+    keys: tuple[str, ...]
+    xmode: str
+    smoothing: float
+    log_y: bool
+
+
+def curve_controls(ids: list[str]) -> CurveChoice:
     available = queries.union_keys(ids)
     default = [k for k in DEFAULT_KEYS if k in available] or available[:2]
-    a, b, c = st.columns([4, 1.5, 1.5])
+    a, b, c, d = st.columns([4, 2.6, 1.5, 1])
     keys = a.multiselect("Metrics", available, default=default, key=K("keys"))
-    xmode = b.segmented_control("x-axis", X_MODES, default="step", key=K("xmode")) or "step"
+    xmode = b.segmented_control("x-axis", COMPARE_X_MODES, default="step", key=K("xmode"), format_func=X_LABELS.get,
+                                help="Relative time: seconds since each run started. Wall time: the clock "
+                                     "(UTC).") or "step"
     smoothing = c.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key=K("smooth"))
-    if not keys:
+    log_y = d.toggle("Log scale", key=K("log_y"), help="A logarithmic y-axis (points at or below zero are not drawn).")
+    return CurveChoice(tuple(keys), xmode, smoothing, log_y)
+
+
+def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
+    choice = curve_controls(ids)
+    if not choice.keys:
         st.caption("Choose metrics to overlay.")
         return
-    comparison = queries.compare(ids, keys, max_points=MAX_POINTS)
-    series = {run_id: dict(by_key) for run_id, by_key in comparison.series.items()}
-    if groups is None:
-        figs = cv.curve_figures(runs, series, keys, xmode, smoothing)
-    else:
+    if groups is not None:
         st.caption("Each line is a group's mean over its runs, the band ± one standard deviation (n shown as ×n).")
-        figs = cg.band_figures(groups, series, keys, xmode, smoothing)
-    cols = st.columns(2)
-    for i, (key, fig) in enumerate(figs):
-        cols[i % 2].plotly_chart(fig, key=K(f"chart.{key}"), config={"displaylogo": False})
+    if any(not r.finished for r in runs):
+        # While a run is active only the charts refresh, in place (zoom and legend survive), without fading.
+        st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
+        st.fragment(curve_charts, run_every=queries.REFRESH_S)(runs, groups, choice, True)
+    else:
+        curve_charts(runs, groups, choice, False)
     labels = None if groups is None else cg.labels_by_run(groups)
-    st.download_button("Curves as CSV", cv.curves_csv(runs, series, keys, labels), file_name="compare-curves.csv",
-                       mime="text/csv", icon=":material/download:", key=K("curves_csv"))
+    st.download_button("Curves as CSV", cv.csv_builder(runs, choice.keys, labels), file_name="compare-curves.csv",
+                       mime="text/csv", icon=":material/download:", key=K("curves_csv"), on_click="ignore",
+                       help="Every stored point of the chosen metrics (not the charts' downsampled lines), "
+                            "built when clicked.")
+
+
+def curve_charts(runs, groups: list[cg.Group] | None, choice: CurveChoice, live: bool) -> None:
+    """The curves; `live` (a fragment rerun every REFRESH_S): the runs and their series read afresh, drawn by the
+    live-chart component, and the whole page once more when the last active run has finished."""
+    if live:
+        runs = cv.fresh_runs([r.id for r in runs])
+        groups = None if groups is None else cg.refreshed(groups, runs)
+    series = cv.load_series(runs, choice.keys, MAX_POINTS)
+    keys, xmode, smoothing, log_y = choice.keys, choice.xmode, choice.smoothing, choice.log_y
+    if groups is None:
+        figs = cv.curve_figures(runs, series, keys, xmode, smoothing, log_y)
+    else:
+        figs = cg.band_figures(groups, series, keys, xmode, smoothing, log_y)
+    if not figs:
+        st.caption("No points yet for these metrics.")
+    elif live:
+        live_charts(figs, columns=2, key=K("live_charts"))
+    else:
+        cols = st.columns(2)
+        for i, (key, fig) in enumerate(figs):
+            cols[i % 2].plotly_chart(fig, key=K(f"chart.{key}"), config={"displaylogo": False})
+    if live and all(r.finished for r in runs):
+        st.rerun()  # the whole page once more: static charts, no more refreshing
 
 
 def hyperparameters(runs) -> None:
@@ -93,8 +138,14 @@ def hyperparameters(runs) -> None:
     default = "val/acc" if "val/acc" in metrics else (metrics[0] if metrics else None)
     if default is None:
         return
-    metric = st.selectbox("Metric", metrics, index=metrics.index(default), key=K("pc_metric"))
-    st.plotly_chart(cv.parallel(runs, metric), key=K("parallel"), config={"displaylogo": False})
+    every = list(cv.varying_hyperparameters(runs, limit=None))
+    if K("pc_axes") in st.session_state:  # runs removed since: their fields may no longer vary
+        st.session_state[K("pc_axes")] = [a for a in st.session_state[K("pc_axes")] if a in every]
+    a, b = st.columns([1, 3])
+    metric = a.selectbox("Metric", metrics, index=metrics.index(default), key=K("pc_metric"))
+    axes = b.multiselect("Hyperparameters", every, default=every[:cv.DEFAULT_AXES], key=K("pc_axes"),
+                         help="The spec fields that differ between the runs, as axes in this order.")
+    st.plotly_chart(cv.parallel(runs, metric, axes), key=K("parallel"), config={"displaylogo": False})
 
 
 def main() -> None:
@@ -104,7 +155,7 @@ def main() -> None:
         st.info("Choose two or more runs above, or select them on the **Runs** page and press Compare.",
                 icon=":material/info:")
         return
-    runs = list(queries.compare(ids, []).runs)
+    runs = cv.fresh_runs(ids)
     groups = choose_grouping(runs)
     # Only the open tab runs (on_change="rerun"): the hidden ones cost nothing, in the server or the browser.
     curves_tab, params_tab, diff_tab, summary_tab = st.tabs(
@@ -132,15 +183,26 @@ def spec_diff(runs) -> None:
         st.dataframe(diff, hide_index=True, width="stretch", height=min(38 + 35 * len(diff), 700))
 
 
+def choose_objective(runs) -> str | None:
+    metrics = sorted({k for r in runs for k in r.metrics if not k.startswith(SYSTEM_PREFIX)})
+    if not metrics:
+        return None
+    default = cv.objective(runs)
+    return st.selectbox("Objective", metrics, index=metrics.index(default) if default in metrics else 0,
+                        key=K("objective"), help="Best, min, max and last of this metric over every stored point "
+                                                  "(by default the metric the runs monitor).")
+
+
 def summary(runs, groups: list[cg.Group] | None) -> None:
     if groups is not None:
         table = cg.group_summary(groups)
         st.dataframe(table, hide_index=True, width="stretch", column_order=cg.SUMMARY_COLUMNS)
     else:
-        table = cv.summary_table(runs)
+        table = cv.summary_table(runs, choose_objective(runs))
+        number = st.column_config.NumberColumn(format="%.4f")
         st.dataframe(table, hide_index=True, width="stretch",
-                     column_config={"best val/acc": st.column_config.NumberColumn(format="%.4f"),
-                                    "lowest val/loss": st.column_config.NumberColumn(format="%.4f"),
+                     column_config={**dict.fromkeys(cv.OBJECTIVE_COLUMNS, number), "best val/acc": number,
+                                    "lowest val/loss": number,
                                     "time (s)": st.column_config.NumberColumn(format="%.1f")})
     st.download_button("Summary as CSV", table.to_csv(index=False).encode(), file_name="compare-summary.csv",
                        mime="text/csv", icon=":material/download:", key=K("summary_csv"))

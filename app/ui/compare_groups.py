@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from app import charts
 from app import fmt as f
 from app.groups import add_band, band, mean_std, mean_std_text
-from app.ui.compare_view import best_value, x_mapper, x_title, x_values
+from app.ui.compare_view import best_value, objective, x_mapper, x_title, x_values
 from app.ui.run_charts import per_epoch
 from app.ui.run_units import statuses_text
 from db.types import RunRecord
@@ -88,8 +88,15 @@ def aligned(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     return out
 
 
+def refreshed(groups: Sequence[Group], runs: Sequence[RunRecord]) -> list[Group]:
+    """The same groups with their runs as they are now (a live view); runs deleted meanwhile left out."""
+    now = {r.id: r for r in runs}
+    out = [Group(g.label, tuple(now[r.id] for r in g.runs if r.id in now)) for g in groups]
+    return [g for g in out if g.runs]
+
+
 def band_figures(groups: Sequence[Group], series: dict, keys: Sequence[str], xmode: str,
-                 smoothing: float) -> list[tuple[str, go.Figure]]:
+                 smoothing: float, log_y: bool = False) -> list[tuple[str, go.Figure]]:
     """Per metric, one mean line with a ± std band per group (smoothing applies to each run before the mean)."""
     mappers = {r.id: x_mapper(r, xmode) for g in groups for r in g.runs}
     out = []
@@ -102,22 +109,19 @@ def band_figures(groups: Sequence[Group], series: dict, keys: Sequence[str], xmo
                 if s is None or not s.steps:
                     continue
                 ys = charts.smooth(list(s.values), smoothing) if smoothing > 0 and not per_epoch(key) else s.values
-                curves[r.id] = (x_values(r, s, key, mappers[r.id]), ys)
+                curves[r.id] = (x_values(r, s, key, mappers[r.id], xmode), ys)
             xs, means, stds, _ = band(aligned(curves))
             if not xs:
                 continue
-            fig = fig or charts.line_figure(key, [], x_title=x_title(key, xmode), height=340,
-                                            uirevision=f"compare:{key}:{xmode}:grouped")
+            fig = fig or charts.line_figure(key, [], x_title=x_title(key, xmode), height=340, log_y=log_y,
+                                            uirevision=f"compare:{key}:{xmode}:{log_y}:grouped",
+                                            x_dates=xmode == "wall")
+            if xmode == "wall":
+                xs = list(charts.as_dates(xs))
             add_band(fig, xs, means, stds, name=f.plot_text(g.legend), color=charts.PALETTE[i % len(charts.PALETTE)])
         if fig is not None:
             out.append((key, fig))
     return out
-
-
-def _objective(runs: Sequence[RunRecord]) -> str | None:
-    """The metric most of the runs monitor (their summary's best; val/acc for runs without one)."""
-    metrics = Counter(m for m, v in map(f.best, runs) if v is not None)
-    return metrics.most_common(1)[0][0] if metrics else None
 
 
 def group_summary(groups: Sequence[Group]) -> pd.DataFrame:
@@ -125,7 +129,7 @@ def group_summary(groups: Sequence[Group]) -> pd.DataFrame:
     `mean ± std (n)` text, and the objective's mean, std and n as numbers (for the CSV)."""
     rows = []
     for g in groups:
-        metric = _objective(g.runs)
+        metric = objective(g.runs)
         best = [v for m, v in map(f.best, g.runs) if m == metric]
         last = [r.metrics[metric].last_value for r in g.runs if metric in r.metrics]
         (best_mean, best_std, n), (last_mean, last_std, _) = mean_std(best), mean_std(last)

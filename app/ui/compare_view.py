@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -11,11 +15,15 @@ import plotly.graph_objects as go
 
 from app import charts
 from app import fmt as f
-from app.ui import queries
+from app.ui import queries, run_units
+from db import repo
 from core.names import SYSTEM_PREFIX, is_loss
 from app.ui.run_charts import per_epoch
 from app.schema import flatten
 from db.types import RunRecord, Series
+
+# The parallel coordinates' default axes: the first varying hyperparameters (the user may choose others).
+DEFAULT_AXES = 8
 
 
 def best_value(r: RunRecord, key: str) -> float | None:
@@ -26,14 +34,36 @@ def best_value(r: RunRecord, key: str) -> float | None:
     return s.min_value if is_loss(key) else s.max_value
 
 
-def summary_table(runs: Sequence[RunRecord]) -> pd.DataFrame:
+def objective(runs: Sequence[RunRecord]) -> str | None:
+    """The metric most of the runs monitor (their summary's best; val/acc for runs without one)."""
+    metrics = Counter(m for m, v in map(f.best, runs) if v is not None)
+    return metrics.most_common(1)[0][0] if metrics else None
+
+
+def objective_stats(r: RunRecord, key: str | None) -> dict[str, float | None]:
+    """best (min for a loss, max otherwise), min, max and last of one metric over all its stored points."""
+    s = r.metrics.get(key) if key else None
+    if s is None:
+        return dict.fromkeys(OBJECTIVE_COLUMNS)
+    last = s.last_value if s.last_value is not None and math.isfinite(s.last_value) else None
+    return {"best": best_value(r, key), "min": s.min_value, "max": s.max_value, "last": last}
+
+
+OBJECTIVE_COLUMNS = ("best", "min", "max", "last")
+
+
+def summary_table(runs: Sequence[RunRecord], metric: str | None = None) -> pd.DataFrame:
+    """One row per run; `best`, `min`, `max` and `last` are of `metric` (the objective: by default the one
+    most of the runs monitor)."""
+    metric = metric or objective(runs)
     rows = []
     for r in runs:
         summary = r.summary or {}
         best = summary.get("best") or {}
         spec = r.spec
         rows.append({
-            "run": r.name, "id": r.id, "status": r.status, "best val/acc": best_value(r, "val/acc"),
+            "run": r.name, "id": r.id, "status": r.status, "objective": metric or "",
+            **objective_stats(r, metric), "best val/acc": best_value(r, "val/acc"),
             "lowest val/loss": best_value(r, "val/loss"),
             "monitored": f"{best['metric']} {best['value']:.4f}" if best.get("value") is not None else "",
             "best epoch": best.get("epoch"), "epochs run": summary.get("epochs_run"),
@@ -66,8 +96,9 @@ def _labels(runs: Sequence[RunRecord]) -> list[str]:
     return [f"{r.name} ({r.id[:6]})" if names.count(r.name) > 1 else r.name for r in runs]
 
 
-def varying_hyperparameters(runs: Sequence[RunRecord], limit: int = 8) -> dict[str, list[Any]]:
-    """Spec fields that differ between the runs (the lr when none do), for the parallel coordinates."""
+def varying_hyperparameters(runs: Sequence[RunRecord], limit: int | None = DEFAULT_AXES) -> dict[str, list[Any]]:
+    """Spec fields that differ between the runs (the lr when none do), for the parallel coordinates: the first
+    `limit` of them (all with None)."""
     flat = [flatten(dict(r.spec)) for r in runs]
     out: dict[str, list[Any]] = {}
     for field in flat[0] if flat else []:
@@ -79,14 +110,39 @@ def varying_hyperparameters(runs: Sequence[RunRecord], limit: int = 8) -> dict[s
     return dict(list(out.items())[:limit])
 
 
-def parallel(runs: Sequence[RunRecord], metric: str) -> go.Figure:
-    params = varying_hyperparameters(runs)
+def parallel(runs: Sequence[RunRecord], metric: str, fields: Sequence[str] | None = None) -> go.Figure:
+    """Hyperparameters against the best of `metric`: the chosen `fields` (in their order), else the first
+    DEFAULT_AXES varying ones."""
+    if fields is None:
+        params = varying_hyperparameters(runs)
+    else:
+        every = varying_hyperparameters(runs, limit=None)
+        params = {k: every[k] for k in fields if k in every}
     values = [best_value(r, metric) for r in runs]
     return charts.parallel_figure(params, f"best {metric}", [v if v is not None else float("nan") for v in values])
 
 
+def fresh_runs(run_ids: Sequence[str]) -> list[RunRecord]:
+    """The runs as they are now (live views: never cached); the ones deleted meanwhile left out."""
+    found = run_units.load(queries.engine(), list(run_ids))
+    return [found[i] for i in run_ids if i in found]
+
+
+def load_series(runs: Sequence[RunRecord], keys: Sequence[str], max_points: int) -> dict[str, dict[str, Series]]:
+    """Each run's series, downsampled to at most `max_points`: a finished run's from the cache (it never
+    changes), a running run's read afresh."""
+    engine = queries.engine()
+    out: dict[str, dict[str, Series]] = {}
+    for r in runs:
+        if r.finished:
+            out[r.id] = {k: queries.final_series(r, k, max_points) for k in keys}
+        else:
+            out[r.id] = {k: repo.series(engine, r.id, k, max_points=max_points) for k in keys}
+    return out
+
+
 def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], xmode: str,
-                  smoothing: float) -> list[tuple[str, go.Figure]]:
+                  smoothing: float, log_y: bool = False) -> list[tuple[str, go.Figure]]:
     labels = _labels(runs)
     mappers = {r.id: x_mapper(r, xmode) for r in runs}
     out = []
@@ -96,46 +152,68 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             s: Series | None = series.get(r.id, {}).get(key)
             if s is None or not s.steps:
                 continue
-            traces.append(charts.Trace(label, x_values(r, s, key, mappers[r.id]), s.values, markers=per_epoch(key),
-                                       color=charts.PALETTE[i % len(charts.PALETTE)]))
+            traces.append(charts.Trace(label, x_values(r, s, key, mappers[r.id], xmode), s.values,
+                                       markers=per_epoch(key), color=charts.PALETTE[i % len(charts.PALETTE)]))
         if traces:
             out.append((key, charts.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
-                                                uirevision=f"compare:{key}:{xmode}", height=340)))
+                                                uirevision=f"compare:{key}:{xmode}:{log_y}", height=340,
+                                                log_y=log_y, x_dates=xmode == "wall")))
     return out
 
 
 def x_title(key: str, xmode: str) -> str:
+    if xmode == "wall":
+        return charts.X_TITLES["wall"]
     return charts.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
 
 
-def x_values(r: RunRecord, s: Series, key: str, mapper) -> list[float]:
-    """A series' x: its steps mapped to the x-axis mode; a system metric's, seconds since the run started."""
+def x_values(r: RunRecord, s: Series, key: str, mapper, xmode: str = "step") -> list[float]:
+    """A series' x: its steps mapped to the x-axis mode; a system metric's (its step is Unix seconds), seconds
+    since the run started, or the clock time itself on a wall-time axis."""
     if key.startswith(SYSTEM_PREFIX):
+        if xmode == "wall":
+            return [float(t) for t in s.steps]
         start = r.started_at.timestamp() if r.started_at else s.steps[0]
         return [t - start for t in s.steps]
     return mapper(s.steps)
 
 
 def x_mapper(r: RunRecord, xmode: str):
+    """steps → x: the step, epoch, seconds since the run started ("time") or Unix seconds ("wall")."""
     if xmode == "step":
         return list
     anchors = queries.epoch_anchors(r.id)
     from app.ui.run_charts import steps_per_epoch
 
     spe = steps_per_epoch(r, anchors[-1][0] if anchors else None)
-    return charts.step_mapper(anchors, xmode, r.started_at.timestamp() if r.started_at else None, spe)
+    started = r.started_at.timestamp() if r.started_at else None
+    if xmode != "wall":
+        return charts.step_mapper(anchors, xmode, started, spe)
+    origin = started if started is not None else (anchors[0][2] if anchors else 0.0)
+    relative = charts.step_mapper(anchors, "time", origin, spe)
+    return lambda steps: [origin + x for x in relative(steps)]
 
 
-def curves_csv(runs: Sequence[RunRecord], series: dict, keys: Sequence[str],
-               groups: Mapping[str, str] | None = None) -> bytes:
-    """Every point shown, one row each; with `groups` (run id -> group label), the group of each run too."""
-    columns = ["run_id", "run", *(["group"] if groups is not None else []), "key", "step", "value"]
-    rows = []
+def full_curves_csv(engine, runs: Sequence[RunRecord], keys: Sequence[str],
+                    groups: Mapping[str, str] | None = None) -> bytes:
+    """Every stored point of the chosen metrics (not the charts' downsampled series), one row each: run, key,
+    step, epoch, value (NaN as nan), wall_time (Unix seconds); with `groups` (run id -> group label), the
+    group of each run too. Built when the user clicks the download button, streamed from the database."""
+    wanted = set(keys)
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(["run_id", "run", *(["group"] if groups is not None else []), "key", "step", "epoch", "value",
+                  "wall_time"])
     for r in runs:
-        extra = {"group": groups.get(r.id, "")} if groups is not None else {}
-        for key in keys:
-            s = series.get(r.id, {}).get(key)
-            if s is not None:
-                rows += [{"run_id": r.id, "run": r.name, **extra, "key": key, "step": st, "value": v}
-                         for st, v in zip(s.steps, s.values, strict=True)]
-    return pd.DataFrame(rows, columns=columns).to_csv(index=False).encode()
+        extra = [groups.get(r.id, "")] if groups is not None else []
+        for key, step, epoch, value, wall in repo.iter_points(engine, r.id):
+            if key in wanted:
+                out.writerow([r.id, r.name, *extra, key, step, "" if epoch is None else epoch, value, wall])
+    return buf.getvalue().encode()
+
+
+def csv_builder(runs: Sequence[RunRecord], keys: Sequence[str],
+                groups: Mapping[str, str] | None = None) -> Callable[[], bytes]:
+    """full_curves_csv for a download button that builds it on click (engine taken now, in the script)."""
+    engine, runs, keys = queries.engine(), tuple(runs), tuple(keys)
+    return lambda: full_curves_csv(engine, runs, keys, groups)

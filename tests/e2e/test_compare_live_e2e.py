@@ -1,0 +1,139 @@
+"""Compare, live, in a real browser: a running run beside a finished one on `torchdeck ui` (local mode, a database
+seeded beforehand), driven by Chromium. The user zooms into the loss chart; new points arrive in the database;
+the chart draws them and keeps the user's zoom.
+
+Nothing waits a fixed time: each step waits for what the user would see, with a generous bound."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SHOTS, free_port, stop_group, wait_http
+from playwright.sync_api import Error as PlaywrightError
+
+from db import repo
+from db.engine import make_engine
+from db.migrate import upgrade
+from db.types import MetricPoint
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
+WAIT_S = 60  # for what the user would see: generous, a busy machine takes longer
+CHART = "train/loss"
+pytestmark = pytest.mark.timeout(300)
+
+# The live chart's div (in the live-chart component's frame) by its title: its trace's points and x range.
+CHART_JS = """([chart, trace]) => {
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+        const title = ((gd.layout && gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, '');
+        if (title !== chart) continue;
+        const t = (gd._fullData || []).find(d => d.name === trace);
+        if (!t || !t.x.length) return null;
+        let last = -Infinity;
+        for (const v of t.x) last = Math.max(last, Number(v));
+        return {last: last, range: gd._fullLayout.xaxis.range.map(Number)};
+    }
+    return null; }"""
+ZOOM_JS = """([chart, range]) => {
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+        const title = ((gd.layout && gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, '');
+        if (title === chart) { Plotly.relayout(gd, {'xaxis.range': range}); return true; }
+    }
+    return false; }"""
+
+
+def _seed(url: str, name: str, running: bool) -> str:
+    engine = make_engine(url)
+    try:
+        r = repo.create_run(engine, SPEC, name=name, owner="local")
+        repo.claim_run(engine, r.id, "w1", device="cpu")
+        repo.append_metrics(engine, r.id, [MetricPoint(CHART, s, 2.0 / s, 1) for s in range(1, 21)])
+        if running:
+            repo.heartbeat(engine, r.id, worker_id="w1", progress=0.2)
+        else:
+            repo.finish_run(engine, r.id, "completed", summary={"status": "completed"})
+        return r.id
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> Iterator[dict]:
+    home = Path(tempfile.mkdtemp(prefix="torchdeck-compare-"))
+    db_url = f"sqlite:///{home / 'torchdeck.db'}"
+    upgrade(db_url)
+    ids = {"live": _seed(db_url, "live", running=True), "done": _seed(db_url, "done", running=False)}
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
+    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+               PYTHONUNBUFFERED="1")
+    log = home / "ui.log"
+    with open(log, "wb") as out:  # this checkout's CLI, whatever is installed
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
+        yield {"url": f"http://127.0.0.1:{port}", "ids": ids, "db": db_url}
+    finally:
+        stop_group(proc)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _chart(page, trace: str) -> dict | None:
+    """The chart's state in the browser right now, from whichever frame draws it; None while not drawn."""
+    for frame in page.frames:
+        try:
+            found = frame.evaluate(CHART_JS, [CHART, trace])
+        except PlaywrightError:  # a frame that navigated or closed meanwhile, or has no Plotly
+            continue
+        if found:
+            return found
+    return None
+
+
+def _zoom(page, x_range: list[float]) -> None:
+    for frame in page.frames:
+        try:
+            if frame.evaluate(ZOOM_JS, [CHART, x_range]):
+                return
+        except PlaywrightError:
+            continue
+    raise AssertionError("no chart to zoom")
+
+
+def _wait(what: str, condition) -> dict:
+    deadline = time.monotonic() + WAIT_S
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what}: not seen within {WAIT_S} s"
+        time.sleep(0.3)
+    return found
+
+
+def test_a_zoomed_live_compare_chart_draws_new_points_and_keeps_the_zoom(dashboard, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    ids = dashboard["ids"]
+    try:
+        page.goto(f"{dashboard['url']}/compare?ids={ids['live']},{ids['done']}")
+        _wait("the live run's loss curve", lambda: (c := _chart(page, "live")) and c["last"] == 20)
+        _zoom(page, [5, 12])
+        _wait("the zoom", lambda: (c := _chart(page, "live")) and c["range"] == pytest.approx([5, 12]))
+        engine = make_engine(dashboard["db"])
+        try:
+            repo.append_metrics(engine, ids["live"], [MetricPoint(CHART, s, 2.0 / s, 1) for s in range(21, 41)])
+        finally:
+            engine.dispose()
+        state = _wait("the new points", lambda: (c := _chart(page, "live")) and c["last"] == 40 and c)
+        assert state["range"] == pytest.approx([5, 12])  # drawn in place: the user's zoom survives
+        assert _chart(page, "done")["last"] == 20
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "compare-live-zoom.png"), full_page=True)
+    finally:
+        page.close()
