@@ -13,6 +13,7 @@ from typing import Any, Literal
 import annotated_types as at
 from pydantic import BaseModel
 
+from app.form_rules import label as label_of
 from core.config import DATASET_NAMES, MODEL_NAMES, RunSpec, SpecError
 
 GROUPS = (
@@ -66,7 +67,8 @@ class FormField:
 
     @property
     def label(self) -> str:
-        return self.path.split(".")[-1].replace("_", " ")
+        """In words, with the unit where there is one (app/form_rules.py)."""
+        return label_of(self.path)
 
 
 def group_of(path: str) -> str:

@@ -1,17 +1,22 @@
 """New run: a form for every RunSpec field, presets, YAML upload/download, clone, pre-flight, launch; and a
-sweep of it (app/ui/new_sweep.py: a sweep box beside numeric and choice fields, the Sweep section, sweep YAML)."""
+sweep of it (app/ui/new_sweep.py: a sweep box beside numeric and choice fields, the Sweep section, sweep YAML).
+
+The choices that decide which fields matter (dataset, model, transfer mode, optimizer, schedule, clipping;
+app/form_rules.py) come first, outside the st.form, so that changing one reshapes the form at once; the form
+then shows, per section, the fields that matter, the rarely changed ones under "Advanced"."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import streamlit as st
 
-from app import auth, services
+from app import auth, form_rules, services
 from app import fmt as f
 from app import jobs
-from app.schema import errors_by_field, validate
+from app.schema import errors_by_field, flatten, validate
 from app.ui import frame, new_sweep, queries, run_view, spec_form
 from core.config import RunSpec, SpecError
 
@@ -145,20 +150,56 @@ def preflight_panel() -> None:
             st.image(result["grid"], caption="Training samples with their labels: check they match")
 
 
-def form():
+def relevance() -> tuple[Callable[[str], bool], dict]:
+    """Whether each field matters for the choices now in the form (a swept choice: for any value it tries;
+    an uploaded dataset: imagefolder, its path given), and those values ({dotted field: value})."""
+    values = flatten(spec_form.read()[0])
+    swept = {x.path for x in new_sweep.swept()}
+    tries = {p: list(st.session_state.get(new_sweep.part_key(p, "values")) or []) for p in swept
+             if p in form_rules.CHOOSERS}
+    uploaded = st.session_state.get(K("dataset"), NO_DATASET) != NO_DATASET
+    if uploaded:
+        values["data.name"] = "imagefolder"
+
+    def shown(path: str) -> bool:
+        if uploaded and path == "data.path":
+            return False
+        return path in swept or form_rules.relevant_any(path, values, tries)
+
+    return shown, values
+
+
+def choosers(shown: Callable[[str], bool], slots: dict) -> None:
+    """The choices that shape the form, above it: a change takes effect at once (inside the form it would
+    wait for a button)."""
+    fields = [spec_form.by_path(p) for p in form_rules.CHOOSERS if shown(p)]
+    items = [lambda x=x: new_sweep.draw_field(x, slots) for x in fields]
+    items.insert(1, dataset_picker)
+    with st.container(border=True):
+        st.markdown("**What to train**")
+        st.caption("These choices shape the form below: each section shows the fields that matter for them.")
+        cols = st.columns(3)
+        for i, item in enumerate(items):
+            with cols[i % 3]:
+                item()
+
+
+def form(shown: Callable[[str], bool], values: dict):
     """The form (the run's fields, each numeric and choice one with a sweep box; the Sweep section; the buttons)."""
+    slots: dict = {}
+    choosers(shown, slots)
     with st.form(K("form"), border=False):
         with st.container(border=True):
             a, b, c = st.columns(3)
             with a:
-                spec_form._widget(spec_form._by_path("name"))
-                name_slot = st.empty()
+                spec_form.draw_field(spec_form.by_path("name"), slots)
             b.text_input("Owner", key=K("owner"), disabled=auth.team_mode(),
                          help="Who the run belongs to (filter on the Runs page)"
                               + ("; in team mode, the signed-in user." if auth.team_mode() else "."))
             c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
-        slots = spec_form.render({"Data": dataset_picker}, draw=new_sweep.draw_field)
-        slots["name"] = name_slot
+        above = [c for c in form_rules.CHOOSERS if shown(c)]  # drawn by choosers()
+        slots |= spec_form.render(draw=new_sweep.draw_field, shown=shown, skip=above,
+                                  unused_note=form_rules.choices_in_words(values))
         sweep = new_sweep.section()
         general_slot = st.empty()
         v, p, l_ = st.columns([1, 1, 1])
@@ -168,6 +209,12 @@ def form():
         launch_clicked = l_.form_submit_button("Launch run", type="secondary" if sweep.active else "primary",
                                                icon=":material/rocket_launch:", width="stretch")
     return slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked)
+
+
+def unused_but_invalid(by_field: dict[str, list[str]], shown: Callable[[str], bool]) -> list[str]:
+    """Errors of fields in the "Not used" expander, where they are easy to miss: also said with the others."""
+    return [f"{f.code_span(p)} ({f.md_text(spec_form.by_path(p).label)}, under *Not used*): "
+            + "; ".join(f.md_text(m) for m in msgs) for p, msgs in by_field.items() if not shown(p)]
 
 
 def main() -> None:
@@ -186,12 +233,14 @@ def main() -> None:
         st.info(f"Form filled from {st.session_state[K('source')]}. Change anything, then launch.",
                 icon=":material/content_copy:")
     new_sweep.prepare()
-    slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked) = form()
+    shown, values = relevance()
+    slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked) = form(shown, values)
     spec, by_field, general = read_spec()
     if validate_clicked or preflight_clicked or launch_clicked or sweep.setup or sweep.check or sweep.launch:
         spec_form.show_errors(slots, by_field)
-        if general:
-            general_slot.error("\n\n".join(f.md_text(g, multiline=True) for g in general), icon=":material/error:")
+        said = [f.md_text(g, multiline=True) for g in general] + unused_but_invalid(by_field, shown)
+        if said:
+            general_slot.error("\n\n".join(said), icon=":material/error:")
         if spec is None:
             n = sum(len(v) for v in by_field.values()) + len(general)
             st.error(f"The spec has {n} problem(s): see the messages beside the fields.", icon=":material/error:")

@@ -1,5 +1,7 @@
-"""The RunSpec form: one widget per schema field (see ui/schema.py), grouped, with the schema's
-default and description, and a slot under each widget where that field's error appears.
+"""The RunSpec form: one widget per schema field (see app/schema.py), grouped, labelled in words (app/form_rules.py),
+with the schema's default and description, and a slot under each widget where that field's error appears. A
+group shows the fields that matter for the choices made, its rarely changed ones under "Advanced"; the others
+wait in a "Not used" expander, still drawn, so their values stay in the spec.
 
 Widget state lives in page-scoped session-state keys (`nr.f.<dotted field>`), which is also how a
 preset, an uploaded YAML or a cloned run fills the form: write the keys, then render."""
@@ -7,16 +9,18 @@ preset, an uploaded YAML or a cloned run fills the form: write the keys, then re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import streamlit as st
 
 from app.fmt import md_text
+from app.form_rules import advanced
 from app.schema import FIELDS, GROUPS, FormField, flatten, set_path
 
 PREFIX = "nr.f."
 _OPTBOOL = {"auto": None, "on": True, "off": False}
+Shown = Callable[[str], bool]  # whether a field (its dotted path) matters for the choices made
 
 
 def key(path: str) -> str:
@@ -40,7 +44,7 @@ def _to_widget(f: FormField, value: Any) -> Any:
 def fill(spec: dict[str, Any]) -> None:
     """Put a spec (nested dict, possibly partial) into the form's widgets."""
     for path, value in flatten(spec).items():
-        f = _by_path(path)
+        f = by_path(path)
         if f.kind == "pair":
             a, b = value if value is not None else f.default
             st.session_state[key(path) + ".0"], st.session_state[key(path) + ".1"] = float(a), float(b)
@@ -58,7 +62,7 @@ def ensure_defaults() -> bool:
     return True
 
 
-def _by_path(path: str) -> FormField:
+def by_path(path: str) -> FormField:
     return next(f for f in FIELDS if f.path == path)
 
 
@@ -104,26 +108,55 @@ def draw_field(f: FormField, slots: dict[str, Any]) -> None:
 
 
 def render_group(group: str, slots: dict[str, Any], columns: int = 3,
-                 draw: Callable[[FormField, dict[str, Any]], None] = draw_field) -> None:
-    """The fields of one group in `columns` columns, each drawn by `draw` (its widget and its error slot)."""
-    fields = [f for f in FIELDS if f.group == group]
+                 draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
+                 fields: list[FormField] | None = None) -> None:
+    """The fields of one group (or the given ones) in `columns` columns, each drawn by `draw` (its widget and
+    its error slot)."""
+    fields = [f for f in FIELDS if f.group == group] if fields is None else fields
     cols = st.columns(columns)
     for i, f in enumerate(fields):
         with cols[i % columns]:
             draw(f, slots)
 
 
+def split(group: str, shown: Shown | None = None, skip: Collection[str] = ()) -> tuple[list[FormField], ...]:
+    """A group's fields as (main, advanced, unused): unused ones do not matter for the choices made (`shown`
+    says no), advanced ones are rarely changed (app/form_rules.py); `skip`: drawn elsewhere."""
+    fields = [f for f in FIELDS if f.group == group and f.path not in skip]
+    used = [f for f in fields if shown is None or shown(f.path)]
+    unused = [f for f in fields if f not in used]
+    return [f for f in used if not advanced(f.path)], [f for f in used if advanced(f.path)], unused
+
+
 def render(extra: dict[str, Any] | None = None,
-           draw: Callable[[FormField, dict[str, Any]], None] = draw_field) -> dict[str, Any]:
+           draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
+           shown: Shown | None = None, skip: Collection[str] = (), unused_note: str = "") -> dict[str, Any]:
     """All groups (call inside a st.form); returns the error slots by field path. `draw` draws one field
-    (the New run page's adds a sweep box beside some)."""
+    (the New run page's adds a sweep box beside some). Each group shows the fields that matter (`shown`; all
+    by default), its rarely changed ones under "Advanced"; those that do not matter wait, with their values,
+    in one "Not used" expander at the end (`unused_note` says for which choices)."""
     slots: dict[str, Any] = {}
+    unused: dict[str, list[FormField]] = {}
     for group in GROUPS:
+        main, rare, unused[group] = split(group, shown, skip)
         with st.container(border=True):
             st.markdown(f"**{group}**")
             if extra and group in extra:
                 extra[group]()
-            render_group(group, slots, draw=draw)
+            render_group(group, slots, draw=draw, fields=main)
+            if rare:
+                with st.expander("Advanced", icon=":material/tune:"):
+                    render_group(group, slots, draw=draw, fields=rare)
+    n = sum(len(v) for v in unused.values())
+    if n:
+        with st.expander(f"Not used{' with ' + unused_note if unused_note else ''} ({n} fields)",
+                         icon=":material/visibility_off:"):
+            st.caption("These fields do nothing with the choices made above. They keep their values, which stay "
+                       "in the spec and its YAML; change a choice and they come back into their section.")
+            for group, fields in unused.items():
+                if fields:
+                    st.markdown(f"*{group}*")
+                    render_group(group, slots, draw=draw, fields=fields)
     return slots
 
 

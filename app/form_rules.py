@@ -1,0 +1,196 @@
+"""What the New run form shows, and in which words: each field's label (and unit), whether it matters for
+the choices made (dataset, model, transfer mode, optimizer, schedule, clipping), and whether it is a rarely
+changed one that waits under "Advanced". Plain functions, no Streamlit (and no torch: the list of models
+with pretrained weights is kept here; tests/core checks it against core.models)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# The choices that decide which fields matter; the form shows them first, where a change takes effect at once.
+CHOOSERS: tuple[str, ...] = (
+    "data.name", "model.name", "model.transfer", "optim.name", "schedule.name", "train.grad_clip.mode",
+)
+
+# Models with torchvision pretrained weights (core.models: an entry with a torchvision name).
+PRETRAINED_MODELS: frozenset[str] = frozenset({
+    "resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
+    "convnext_tiny",
+})
+SMALL_MODELS = frozenset({"mlp", "simple_cnn", "simple_cnn_wide"})
+TORCHVISION_SETS = frozenset({"mnist", "fashion_mnist", "cifar10"})
+
+LABELS: dict[str, str] = {
+    "name": "Run name",
+    "data.name": "Dataset",
+    "data.path": "Data folder or .zip",
+    "data.download": "Download the dataset",
+    "data.val_fraction": "Validation fraction",
+    "data.image_size": "Resize images to",
+    "data.limit": "Use at most (samples)",
+    "data.normalize": "Normalise (mean/std of the training split)",
+    "data.augment.random_crop": "Random crop",
+    "data.augment.crop_padding": "Crop padding",
+    "data.augment.hflip": "Random horizontal flip",
+    "data.augment.color_jitter": "Colour jitter strength",
+    "data.num_classes": "Number of classes",
+    "data.num_samples": "Number of samples",
+    "data.channels": "Channels",
+    "data.size": "Image size",
+    "data.noise": "Noise",
+    "data.max_bad_fraction": "Unreadable images allowed (fraction)",
+    "data.cache_mb": "Decode into memory up to",
+    "model.name": "Model",
+    "model.pretrained": "Start from pretrained weights",
+    "model.weights_file": "Start from a weights file",
+    "model.transfer": "Transfer learning",
+    "model.last_n": "Backbone stages to train",
+    "model.unfreeze_at_epoch": "Unfreeze the whole backbone at epoch",
+    "model.backbone_lr_mult": "Backbone learning-rate multiplier",
+    "model.dropout": "Dropout before the head",
+    "model.hidden": "Hidden layer width",
+    "model.gradient_checkpointing": "Gradient checkpointing (less memory, slower)",
+    "optim.name": "Optimizer",
+    "optim.lr": "Learning rate",
+    "optim.weight_decay": "Weight decay",
+    "optim.momentum": "Momentum",
+    "optim.nesterov": "Nesterov momentum",
+    "optim.betas": "Adam betas",
+    "optim.decay_norm_and_bias": "Weight decay on norms and biases too",
+    "schedule.name": "Learning-rate schedule",
+    "schedule.warmup_epochs": "Warmup",
+    "schedule.step_size": "Decay every",
+    "schedule.milestones": "Decay at epochs",
+    "schedule.gamma": "Decay factor",
+    "schedule.min_lr": "Lowest learning rate",
+    "schedule.patience": "Wait before decaying",
+    "schedule.pct_start": "Share of steps spent warming up",
+    "train.epochs": "Epochs (at most)",
+    "train.batch_size": "Batch size",
+    "train.accumulate": "Accumulate gradients over (batches)",
+    "train.precision": "Precision",
+    "train.grad_clip.mode": "Clip gradients by",
+    "train.grad_clip.max": "Max norm",
+    "train.label_smoothing": "Label smoothing",
+    "train.early_stopping.enabled": "Stop early",
+    "train.early_stopping.monitor": "Watch metric",
+    "train.early_stopping.mode": "Better is",
+    "train.early_stopping.patience": "Wait before stopping",
+    "train.early_stopping.min_delta": "Smallest improvement",
+    "train.steps_per_epoch": "Batches per epoch (at most)",
+    "train.log_every": "Log every (steps)",
+    "train.diag_every": "Layer diagnostics every (steps)",
+    "train.overfit_check": "Check first that one batch can be overfit",
+    "train.overfit_steps": "Overfit check length (steps)",
+    "train.detect_anomaly": "Name the operation behind a non-finite loss",
+    "checkpoint.save_last": "Save the last checkpoint every epoch",
+    "checkpoint.save_best": "Save the best checkpoint",
+    "export.formats": "Export formats",
+    "export.checkpoint": "Export the weights of",
+    "export.atol": "Largest logit difference allowed",
+    "export.parity_samples": "Samples for the parity check",
+    "export.opset": "ONNX opset",
+    "loader.num_workers": "Loader processes",
+    "loader.pin_memory": "Pinned host memory",
+    "loader.device_cache_mb": "Keep on the device up to",
+    "seed": "Seed",
+    "deterministic": "Deterministic algorithms (slower)",
+    "device": "Device",
+    "compile": "torch.compile the model",
+}
+
+UNITS: dict[str, str] = {
+    "data.image_size": "px",
+    "data.augment.crop_padding": "px",
+    "data.size": "px",
+    "data.cache_mb": "MB",
+    "loader.device_cache_mb": "MB",
+    "schedule.warmup_epochs": "epochs",
+    "schedule.step_size": "epochs",
+    "schedule.patience": "epochs",
+    "train.early_stopping.patience": "epochs",
+}
+
+_ADVANCED_PREFIXES = ("loader.", "checkpoint.")
+_ADVANCED: frozenset[str] = frozenset({
+    "data.max_bad_fraction", "data.cache_mb", "data.normalize",
+    "model.gradient_checkpointing",
+    "optim.decay_norm_and_bias",
+    "train.early_stopping.mode", "train.early_stopping.min_delta",
+    "train.diag_every", "train.overfit_check", "train.overfit_steps", "train.detect_anomaly",
+    "export.atol", "export.parity_samples", "export.opset",
+    "deterministic", "compile",
+})
+
+
+def label(path: str) -> str:
+    """The field's label in words, with its unit in brackets where it has one."""
+    text = LABELS.get(path) or path.split(".")[-1].replace("_", " ")
+    unit = UNITS.get(path)
+    return f"{text} ({unit})" if unit else text
+
+
+def advanced(path: str) -> bool:
+    """A rarely changed field: shown under its section's "Advanced"."""
+    return path in _ADVANCED or path.startswith(_ADVANCED_PREFIXES)
+
+
+def _transferring(v: Mapping[str, Any]) -> bool:
+    return v.get("model.name") in PRETRAINED_MODELS or bool(v.get("model.weights_file"))
+
+
+def _is(path: str, *names: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda v: v.get(path) in names
+
+
+# field -> when it matters; a field not listed always does.
+_RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "data.path": _is("data.name", "imagefolder", *TORCHVISION_SETS),
+    "data.download": _is("data.name", *TORCHVISION_SETS),
+    **{f"data.{k}": _is("data.name", "synthetic") for k in ("num_classes", "num_samples", "channels", "size", "noise")},
+    "data.max_bad_fraction": _is("data.name", "imagefolder"),
+    "data.cache_mb": _is("data.name", "imagefolder"),
+    "model.hidden": _is("model.name", *SMALL_MODELS),
+    "model.pretrained": _is("model.name", *PRETRAINED_MODELS),
+    "model.transfer": _transferring,
+    "model.backbone_lr_mult": _transferring,
+    "model.last_n": lambda v: _transferring(v) and v.get("model.transfer") == "finetune_last_n",
+    "model.unfreeze_at_epoch": lambda v: _transferring(v) and v.get("model.transfer") in ("feature_extract",
+                                                                                         "finetune_last_n"),
+    "optim.momentum": _is("optim.name", "sgd", "rmsprop"),
+    "optim.nesterov": _is("optim.name", "sgd"),
+    "optim.betas": _is("optim.name", "adam", "adamw"),
+    "schedule.warmup_epochs": _is("schedule.name", "none", "step", "multistep", "cosine"),
+    "schedule.step_size": _is("schedule.name", "step"),
+    "schedule.milestones": _is("schedule.name", "multistep"),
+    "schedule.gamma": _is("schedule.name", "step", "multistep", "plateau"),
+    "schedule.min_lr": _is("schedule.name", "cosine", "plateau"),
+    "schedule.patience": _is("schedule.name", "plateau"),
+    "schedule.pct_start": _is("schedule.name", "onecycle"),
+    "train.grad_clip.max": lambda v: v.get("train.grad_clip.mode") != "none",
+}
+
+
+def relevant(path: str, values: Mapping[str, Any]) -> bool:
+    """Whether the field matters given the form's values ({dotted field: value})."""
+    rule = _RULES.get(path)
+    return rule is None or bool(rule(values))
+
+
+def relevant_any(path: str, values: Mapping[str, Any], alternatives: Mapping[str, list[Any]]) -> bool:
+    """relevant() for the values, or for any of the alternatives a swept chooser will also try."""
+    if relevant(path, values):
+        return True
+    return any(relevant(path, {**values, chooser: option}) for chooser, options in alternatives.items()
+               for option in options)
+
+
+def choices_in_words(values: Mapping[str, Any]) -> str:
+    """The choices that decide the form, as a short phrase: "digits · simple_cnn · adam · no schedule"."""
+    schedule = values.get("schedule.name")
+    parts = [values.get("data.name"), values.get("model.name"), values.get("optim.name"),
+             "no schedule" if schedule == "none" else f"{schedule} schedule"]
+    if values.get("train.grad_clip.mode") == "none":
+        parts.append("no clipping")
+    return " · ".join(str(p) for p in parts)
