@@ -141,7 +141,8 @@ def ui_command(home: Path, port: int) -> list[str]:
     from app.auth import serve_options
 
     return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), *serve_options(home),
-            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", "viewer"]  # no "Deploy" button nor developer menu: the dashboard is the product
 
 
 def redis_server_binary() -> str | None:

@@ -44,6 +44,9 @@ window.addEventListener("message", (event) => {
   const msg = event.data;
   if (!msg || msg.type !== "streamlit:render") return;
   const charts = msg.args.charts;
+  // The page's theme (light, dark or custom): text and grid lines in its colours, never a hard-coded white chart.
+  const theme = msg.theme || {};
+  const lines = theme.base === "dark" ? "rgba(250,250,250,0.15)" : "rgba(49,51,63,0.12)";
   grid.style.gridTemplateColumns = "repeat(" + msg.args.columns + ", minmax(0, 1fr))";
   const wanted = new Set(charts.map(c => c.title));
   for (const [title, div] of divs) {
@@ -53,10 +56,17 @@ window.addEventListener("message", (event) => {
     let div = divs.get(c.title);
     if (!div) { div = document.createElement("div"); divs.set(c.title, div); }
     if (grid.children[i] !== div) grid.insertBefore(div, grid.children[i] || null);
-    if (div.dataset.spec === c.spec) return;  // unchanged (a per-epoch chart between epochs): no work
-    div.dataset.spec = c.spec;
+    const stamp = c.spec + "|" + (theme.base || "") + (theme.textColor || "");
+    if (div.dataset.spec === stamp) return;  // unchanged (a per-epoch chart between epochs): no work
+    div.dataset.spec = stamp;
     const fig = JSON.parse(c.spec);
     fig.layout = Object.assign({}, fig.layout, {autosize: true});
+    if (theme.textColor) fig.layout.font = Object.assign({}, fig.layout.font, {color: theme.textColor});
+    for (const k of Object.keys(fig.layout).concat(["xaxis", "yaxis"])) {
+      if (/^[xy]axis[0-9]*$/.test(k)) {
+        fig.layout[k] = Object.assign({}, fig.layout[k], {gridcolor: lines, zerolinecolor: lines, linecolor: lines});
+      }
+    }
     div.style.height = (fig.layout.height || 300) + "px";
     Plotly.react(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
   });

@@ -264,3 +264,16 @@ def metrics_csv(run_id: str) -> bytes:
     for key, step, epoch, value, wall in repo.iter_points(engine(), run_id):
         out.writerow([key, step, "" if epoch is None else epoch, "nan" if math.isnan(value) else repr(value), wall])
     return buf.getvalue().encode()
+
+
+def metrics_jsonl(run_id: str) -> bytes:
+    """Every stored point of a run as JSON Lines, one object per point (`key`, `step`, `epoch`, `value`, `wall_time`;
+    NaN and ±inf as the strings "nan", "inf", "-inf"): `pandas.read_json(path, lines=True)` reads it."""
+    import json
+    import math
+
+    lines = []
+    for key, step, epoch, value, wall in repo.iter_points(engine(), run_id):
+        v = value if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+        lines.append(json.dumps({"key": key, "step": step, "epoch": epoch, "value": v, "wall_time": wall}))
+    return ("\n".join(lines) + ("\n" if lines else "")).encode()

@@ -293,8 +293,12 @@ def artifacts_panel(r: RunRecord) -> None:
             right.download_button("Download", _reader(a.id), file_name=services.artifact_filename(a),
                                   key=f"run.dl.{a.id}", icon=":material/download:", width="stretch")
     earlier_files(every, arts)
-    st.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
-                       mime="text/csv", icon=":material/table_view:", key=f"run.csv.{r.id}")
+    csv_col, jsonl_col = st.columns(2)
+    csv_col.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
+                            mime="text/csv", icon=":material/table_view:", key=f"run.csv.{r.id}")
+    jsonl_col.download_button("Metrics as JSON Lines", lambda: queries.metrics_jsonl(r.id),
+                              file_name=f"{r.id}-metrics.jsonl", mime="application/jsonl", icon=":material/data_object:",
+                              key=f"run.jsonl.{r.id}")
 
 
 def earlier_files(every: list, latest: dict) -> None:

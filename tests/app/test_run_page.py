@@ -113,7 +113,7 @@ def test_artifacts_with_parity_latency_downloads_and_export_form(page, engine, h
     parity = next(d.value for d in at.dataframe if "max |Δlogit|" in d.value.columns)
     assert parity.iloc[0]["max |Δlogit|"] == pytest.approx(2e-6) and parity.iloc[0]["latency b32 (ms)"] == 1.4
     labels = [b.label for b in at.get("download_button")]
-    assert labels.count("Download") == 1 and "Metrics as CSV" in labels
+    assert labels.count("Download") == 1 and "Metrics as CSV" in labels and "Metrics as JSON Lines" in labels
     assert any("not on this machine" in c.value for c in at.caption)
     assert at.multiselect(key=f"run.export_fmt.{r.id}").value == ["onnx"]  # what the run exported before
     assert any(b.label == "Export now" for b in at.button)
@@ -127,6 +127,9 @@ def test_metrics_csv_holds_every_point(page, engine):
     df = pd.read_csv(io.BytesIO(queries.metrics_csv(r.id)))
     assert set(df.columns) == {"key", "step", "epoch", "value", "wall_time"}
     assert len(df[df.key == "train/loss"]) == 25 and len(df[df.key == "val/acc"]) == 5
+    lines = pd.read_json(io.BytesIO(queries.metrics_jsonl(r.id)), lines=True)
+    assert set(lines.columns) == {"key", "step", "epoch", "value", "wall_time"}
+    assert len(lines[lines.key == "train/loss"]) == 25 and len(lines) == len(df)
 
 
 def test_cancel_from_the_run_page(page, engine):

@@ -234,7 +234,7 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
     page.get_by_text("2 run(s) match").wait_for()
     shot(page, shots, "06-runs.png")
     page.goto(f"{stack['url']}/compare?ids={first},{second}")
-    page.get_by_text("Curves as CSV").wait_for()
+    page.get_by_text("Curves as CSV").first.wait_for()  # the button (its help tooltip holds the words too)
     wait_until("both runs' val/acc on the Compare page",
                lambda: points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0,
                120, page)
