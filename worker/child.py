@@ -165,6 +165,11 @@ def spare_main(conn, pulse=None) -> None:
     import core.train  # noqa: F401 - the point: torch, torchvision and core imported before the run arrives
     import worker.sink  # noqa: F401
 
+    try:  # the digits dataset's reader: about 2 s of import a run would otherwise wait for (the presets use it)
+        import sklearn.datasets  # noqa: F401
+    except ImportError:
+        pass
+
     try:
         job = conn.recv()
     except EOFError:  # the worker went away before giving us a run
