@@ -15,8 +15,9 @@ import secrets
 import shutil
 import stat
 import tempfile
+import unicodedata
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -296,3 +297,21 @@ def builtin_datasets() -> list[dict[str, object]]:
                      "available": (data_dir / folder).exists(),
                      "source": f"torchvision, from {data_dir / folder} (or data.download with internet)"})
     return rows
+
+
+def default_name(filename: str, taken: Iterable[str] = ()) -> str:
+    """A dataset name from an uploaded zip's file name, made to pass check_name: its stem in lower case,
+    accents dropped, every run of other characters a '-' ("Pets Photos (v2).zip" → "pets-photos-v2"), at most
+    64 characters, "-2", "-3", … added while `taken` holds it; "dataset" when nothing usable is left."""
+    stem = PurePosixPath(filename.replace("\\", "/")).name
+    stem = stem[:-4] if stem.lower().endswith(".zip") else stem
+    ascii_stem = unicodedata.normalize("NFKD", stem).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^a-z0-9_.]+", "-", ascii_stem.lower())
+    base = re.sub(r"^[^a-z0-9]+", "", base)[:64].rstrip("-_.") or "dataset"
+    taken = set(taken)
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        suffix = f"-{n}"
+        name = base[:64 - len(suffix)].rstrip("-_.") + suffix
+    return name

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import auth, charts, services
+from app import builtin_datasets as builtin
 from app import datasets as ds
 from app import fmt as f
 from app.ui import frame, queries
@@ -16,18 +17,45 @@ from app.ui import frame, queries
 K = frame.page_state("ds")
 
 
+def _uploader_key() -> str:
+    """The uploader's key: a new one after each stored upload, which empties it."""
+    gen = st.session_state.get(K("gen"), 0)
+    return K("file") if not gen else K(f"file.{gen}")
+
+
+def _name_from_zip() -> None:
+    """A zip was chosen: when the name box is empty (or still holds the previous zip's default), its file name."""
+    upload = st.session_state.get(_uploader_key())
+    name = st.session_state.get(K("name"), "")
+    if upload is None or (name and name != st.session_state.get(K("auto"))):
+        return
+    taken = [d.name for d in queries.datasets()]
+    st.session_state[K("name")] = st.session_state[K("auto")] = ds.default_name(upload.name, taken)
+
+
 def upload_form() -> None:
-    with st.form(K("upload_form"), clear_on_submit=True):
+    stored = st.session_state.pop(K("stored"), None)
+    if stored:
+        st.session_state[K("name")] = ""  # before the widget: a stored upload empties the form
+    with st.container(border=True):
         st.markdown(f"**Upload an ImageFolder zip** — one folder per class (`cat/1.jpg`, `dog/2.png`), optionally "
                     f"inside one top folder; at most {ds.MAX_UPLOAD_MB} MB.")
-        name = st.text_input("Dataset name", key=K("name"), placeholder="e.g. pets")
-        upload = st.file_uploader("Zip file", type=["zip"], key=K("file"), max_upload_size=ds.MAX_UPLOAD_MB)
-        submitted = st.form_submit_button("Upload and check", icon=":material/upload:")
-    if not submitted:
+        name = st.text_input("Dataset name", key=K("name"), placeholder="e.g. pets",
+                             help="Letters, digits, '-', '_' and '.'; the zip's file name unless you give one.")
+        upload = st.file_uploader("Zip file", type=["zip"], key=_uploader_key(), on_change=_name_from_zip,
+                                  max_upload_size=ds.MAX_UPLOAD_MB)
+        submitted = st.button("Upload and check", icon=":material/upload:", key=K("submit"))
+    if stored:
+        st.success(stored, icon=":material/check_circle:")
+    if submitted:
+        store(name, upload)
+
+
+def store(name: str, upload) -> None:
+    if upload is None:
+        st.error("Choose a zip file (and give the dataset a name).", icon=":material/error:")
         return
-    if upload is None or not name:
-        st.error("Give the dataset a name and choose a zip file.", icon=":material/error:")
-        return
+    name = name.strip() or ds.default_name(upload.name, [d.name for d in queries.datasets()])
     with st.spinner("Checking and extracting…"):
         try:
             record = ds.store_upload(queries.engine(), name, upload, upload.size, owner=auth.current_user().id)
@@ -37,8 +65,17 @@ def upload_form() -> None:
     queries.clear()
     st.session_state[K("pick")] = record.name
     total = sum(record.counts.values())
-    st.success(f"Stored {f.md_text(record.name)}: {total} images in {len(record.classes)} classes. Runs use it as "
-               f"data.name=imagefolder, data.path={f.code_span(record.uri)}", icon=":material/check_circle:")
+    st.session_state[K("stored")] = (
+        f"Stored {f.md_text(record.name)}: {total} images in {len(record.classes)} classes. Runs use it as "
+        f"data.name=imagefolder, data.path={f.code_span(record.uri)}")
+    st.session_state[K("gen")] = st.session_state.get(K("gen"), 0) + 1
+    st.rerun()
+
+
+def train_link(dataset: str) -> None:
+    """Opens New run with `dataset` chosen: a built-in's name, or an uploaded dataset's name."""
+    st.page_link(frame.NEW, label="Train on this dataset", query_params={"dataset": dataset},
+                 icon=":material/model_training:")
 
 
 def preview(record) -> None:
@@ -57,6 +94,8 @@ def preview(record) -> None:
         for i, (cls, path) in enumerate(files[:24]):
             cols[i % 4].image(str(path), caption=f.md_text(cls), width="stretch")  # a caption renders Markdown
     st.code(f"data:\n  name: imagefolder\n  path: {record.uri}", language="yaml")
+    if record.status == "ready":
+        train_link(record.name)
     user = auth.current_user()
     if not auth.can_modify(user, record):
         st.caption("Only its owner or an admin may delete this dataset.")
@@ -71,6 +110,40 @@ def preview(record) -> None:
                 return
             queries.clear()
             st.rerun()
+
+
+@st.cache_data(show_spinner=False)
+def digits_samples() -> tuple[bytes, dict[str, int]]:
+    return builtin.digits_samples()
+
+
+def builtin_section() -> None:
+    st.subheader("Built in")
+    rows = ds.builtin_datasets()
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    # None until one is chosen: digits' preview loads scikit-learn's copy, which no page load should wait for.
+    name = st.selectbox("Preview a built-in dataset", [r["name"] for r in rows], index=None, key=K("builtin"),
+                        placeholder="Choose one to preview it or train on it")
+    if name is None:
+        return
+    if name == "digits":
+        grid, counts = digits_samples()
+        st.markdown(f"**digits** · scikit-learn's load_digits · {sum(counts.values()):,} images · {len(counts)} "
+                    "classes · 8×8 gray")
+        left, right = st.columns([1, 1])
+        left.plotly_chart(charts.bar_figure("Images per class", list(counts), list(counts.values()),
+                                            y_title="images", uirevision="ds:digits"), key=K("counts.digits"))
+        right.image(grid, caption="The first 8 images of each digit, one row per class (enlarged 4×)")
+    elif name == "synthetic":
+        st.markdown(builtin.synthetic_description())
+        counts = builtin.synthetic_counts()
+        st.plotly_chart(charts.bar_figure("Images per class with the defaults", list(counts), list(counts.values()),
+                                          y_title="images", uirevision="ds:synthetic", height=260),
+                        key=K("counts.synthetic"))
+    elif name in builtin.TORCHVISION:
+        st.markdown(builtin.torchvision_description(name))
+    st.code(f"data:\n  name: {name}", language="yaml")
+    train_link(name)
 
 
 def main() -> None:
@@ -92,8 +165,7 @@ def main() -> None:
             st.session_state[K("pick")] = names[0]
         chosen = st.selectbox("Preview", names, key=K("pick"))
         preview(next(d for d in records if d.name == chosen))
-    st.subheader("Built in")
-    st.dataframe(pd.DataFrame(ds.builtin_datasets()), hide_index=True, width="stretch")
+    builtin_section()
 
 
 main()
