@@ -1,5 +1,8 @@
 """New run: a form for every RunSpec field, presets, YAML upload/download, clone, pre-flight, launch; and a
 sweep of it (app/ui/new_sweep.py: a sweep box beside numeric and choice fields, the Sweep section, sweep YAML).
+`?dataset=<name>` opens it with that dataset chosen (built-in or uploaded). A finished run's best checkpoint can be
+the weights to start from (the new run is linked to it); before Launch, a line says which worker takes the run and,
+from similar finished runs, its memory and time (app/launch_hints.py).
 
 The choices that decide which fields matter (dataset, model, transfer mode, optimizer, schedule, clipping;
 app/form_rules.py) come first, outside the st.form, so that changing one reshapes the form at once; the form
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import auth, form_rules, services
+from app import auth, form_rules, launch_hints, services
 from app import fmt as f
 from app import jobs
 from app.schema import errors_by_field, flatten, validate
@@ -33,7 +36,7 @@ def load_into_form(spec: dict, source: str, parent: str | None = None) -> None:
 
 
 def forget_form() -> None:
-    for name in ("source", "parent", "preflight"):
+    for name in ("source", "parent", "preflight", "weights_chosen"):
         st.session_state.pop(K(name), None)
     new_sweep.forget()
 
@@ -79,6 +82,58 @@ def clone_from_query() -> None:
     spec["name"] = f"{r.name} (clone)"[:200]
     load_into_form(spec, f"clone of {f.md_text(r.name)} ({f.md_text(r.id)})", parent=r.id)
     st.session_state[K("tags")] = ", ".join(r.tags)
+
+
+def dataset_from_query() -> None:
+    """`?dataset=<name>` (a built-in dataset, or an uploaded one that is ready) chooses it, once: the parameter
+    is then dropped, so later reruns keep the user's choice."""
+    name = st.query_params.get("dataset")
+    if not name:
+        return
+    del st.query_params["dataset"]
+    if name in spec_form.by_path("data.name").options and name != "imagefolder":
+        st.session_state[spec_form.key("data.name")] = name
+        st.session_state[K("dataset")] = NO_DATASET
+    elif any(d.name == name and d.status == "ready" for d in queries.datasets()):
+        st.session_state[K("dataset")] = name
+    else:
+        st.warning(f"No dataset {f.md_text(repr(name))} is ready to train on: choose one below.",
+                   icon=":material/dataset:")
+
+
+def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
+    """On choosing a run's weights: its best checkpoint, its model and the suggested transfer settings fill the
+    form, and the new run will be linked to it; on clearing it, what the choice filled is undone."""
+    chosen = sources.get(st.session_state.get(K("weights_from")))
+    previous = st.session_state.pop(K("weights_chosen"), None)  # (run id, checkpoint path) it filled in
+    if previous is not None:
+        run_id, path = previous
+        if st.session_state.get(spec_form.key("model.weights_file")) == path:
+            spec_form.fill({"model": {"weights_file": None, "transfer": "scratch", "unfreeze_at_epoch": None}})
+        if st.session_state.get(K("parent")) == run_id:
+            st.session_state[K("parent")] = None
+    if chosen is None or chosen.path is None:
+        return
+    spec_form.fill(launch_hints.suggestion(chosen))
+    st.session_state[K("parent")] = chosen.run.id
+    st.session_state[K("weights_chosen")] = (chosen.run.id, str(chosen.path))
+
+
+def weights_picker() -> None:
+    root = services.artifact_root()
+    sources = {s.run.id: s for s in launch_hints.weight_sources(queries.engine(), root)}
+    st.selectbox("Start from a run's weights", list(sources), key=K("weights_from"), index=None,
+                 placeholder="a finished run…", format_func=lambda i: sources[i].label() if i in sources else i,
+                 on_change=apply_weights, args=(sources,),
+                 help="A finished run's best checkpoint becomes model.weights_file (its model too), and the new "
+                      "run is linked to it.")
+    chosen = sources.get(st.session_state.get(K("weights_from")))
+    if chosen is not None and chosen.path is None:
+        st.warning(f"The best checkpoint of {f.md_text(chosen.run.name)} is only in the object store: the weights "
+                   f"must be on this host (under {f.md_text(root)}) to start from them.", icon=":material/cloud:")
+    elif chosen is not None:
+        st.caption(f"Starts from the best checkpoint of {f.md_text(chosen.run.name)}, and the new run is linked to "
+                   f"it. {launch_hints.SUGGESTION_NOTE}")
 
 
 def dataset_picker() -> None:
@@ -175,6 +230,7 @@ def choosers(shown: Callable[[str], bool], slots: dict) -> None:
     fields = [spec_form.by_path(p) for p in form_rules.CHOOSERS if shown(p)]
     items = [lambda x=x: new_sweep.draw_field(x, slots) for x in fields]
     items.insert(1, dataset_picker)
+    items.insert(3, weights_picker)
     with st.container(border=True):
         st.markdown("**What to train**")
         st.caption("These choices shape the form below: each section shows the fields that matter for them.")
@@ -201,6 +257,7 @@ def form(shown: Callable[[str], bool], values: dict):
         slots |= spec_form.render(draw=new_sweep.draw_field, shown=shown, skip=above,
                                   unused_note=form_rules.choices_in_words(values))
         sweep = new_sweep.section()
+        hints_line(values)
         general_slot = st.empty()
         v, p, l_ = st.columns([1, 1, 1])
         validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
@@ -209,6 +266,20 @@ def form(shown: Callable[[str], bool], values: dict):
         launch_clicked = l_.form_submit_button("Launch run", type="secondary" if sweep.active else "primary",
                                                icon=":material/rocket_launch:", width="stretch")
     return slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked)
+
+
+def hints_line(values: dict) -> None:
+    """Before Launch: which worker takes the run, and its memory and time as in similar finished runs."""
+    values = dict(values)
+    stored = next((d for d in queries.datasets() if d.name == st.session_state.get(K("dataset"))), None)
+    if stored is not None:
+        values["data.path"] = stored.uri
+    h = launch_hints.hints(queries.engine(), values)
+    parts = [f.md_text(x.describe()) for x in (h.memory, h.time) if x is not None]
+    if h.workers.served:  # it names the workers and their hosts: as text
+        st.info("\n\n".join([f.md_text(h.workers.text), *parts]), icon=":material/info:")
+    else:  # our own words and commands
+        st.warning("\n\n".join([h.workers.text, *parts]), icon=":material/hourglass_disabled:")
 
 
 def unused_but_invalid(by_field: dict[str, list[str]], shown: Callable[[str], bool]) -> list[str]:
@@ -227,6 +298,7 @@ def main() -> None:
         st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
     st.session_state.setdefault(K("tags"), "")
     clone_from_query()
+    dataset_from_query()
     presets_bar()
     new_sweep.yaml_bar(load_into_form)
     if st.session_state.get(K("source")):
