@@ -309,3 +309,16 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(NAME_LEN))
     email: Mapped[str | None] = mapped_column(String(EMAIL_LEN))  # only when the provider verified it
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Follow(Base):
+    """A person following a run: wherever they are in the dashboard, it tells them when the run ends.
+    Deleting the run deletes its follows (ON DELETE CASCADE, enforced on SQLite too: db/engine.py)."""
+
+    __tablename__ = "follow"
+
+    owner: Mapped[str] = mapped_column(String(OWNER_LEN), primary_key=True)
+    run_id: Mapped[str] = mapped_column(
+        String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

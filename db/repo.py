@@ -90,6 +90,7 @@ from db.types import (
     TrialRecord,
     WorkerRecord,
 )
+from db.follows import FollowedRun, follow, followed, unfollow
 
 __all__ = [
     "ArtifactNotFound", "DatasetNotFound", "NotOwned", "QueueLimitReached", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
@@ -108,4 +109,5 @@ __all__ = [
     "finish_sweep", "add_trial", "trials", "sweep_runs", "group_runs", "set_group", "epoch_values", "record_decision",
     "decisions", "new_group_id", "Unit", "UnitPage", "list_units",
     "set_notes", "check_notes", "check_tags", "readable_name", "FilterError", "parse_filter", "spec_fields",
+    "FollowedRun", "follow", "unfollow", "followed",
 ]

@@ -46,7 +46,7 @@ def buttons(r) -> None:
     user = auth.current_user()
     mine = auth.can_modify(user, r)  # cancel, tags and notes: owner or admin only (the service refuses the others too)
     wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
-              + ["compare", "seeds"] + (["organise"] if mine else []))
+              + ["compare", "seeds", "follow"] + (["organise"] if mine else []))
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[:len(wanted)], strict=True))
     why = None if mine else f"only {f.md_text(services.owner_label(r.owner, queries.engine()))} or an admin may cancel it"
     if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
@@ -71,8 +71,29 @@ def buttons(r) -> None:
     if cols["compare"].button("Compare…", icon=":material/compare_arrows:", key=K("compare")):
         st.switch_page(frame.COMPARE, query_params={"ids": r.id})
     run_view.repeat_with_seeds(r, cols["seeds"])
+    follow_button(r, user, cols["follow"])
     if "organise" in cols and (refused := organise(r, user, cols["organise"])):
         st.error(f.md_text(refused), icon=":material/error:")
+
+
+def follow_button(r, user: auth.User, container) -> None:
+    """Follow or unfollow the run (anyone may follow any run): on every page, the sidebar then says when it ends."""
+    following = any(row.run_id == r.id for row in frame.followed_runs())
+    label, icon = ("Unfollow", ":material/notifications_off:") if following else ("Follow", ":material/notifications:")
+    if not container.button(label, icon=icon, key=K("follow"),
+                            help="Stop the notices about this run" if following else
+                            "Be told, on any page, when this run completes, fails or diverges"):
+        return
+    try:
+        if following:
+            repo.unfollow(queries.engine(), user.id, r.id)
+        else:
+            repo.follow(queries.engine(), user.id, r.id)
+    except repo.RunNotFound:
+        st.error("This run was deleted.", icon=":material/error:")
+        return
+    frame.note_followed(r.id, None if following else r.status)  # the notices start from the status shown
+    st.rerun()
 
 
 def organise(r, user: auth.User, container) -> str | None:

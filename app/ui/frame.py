@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import services
-from app.fmt import code_span
+from app import auth, services
+from app.fmt import STATUS_ICON, code_span, md_text, status_label
 from app.ui import queries
-from core.names import CLAIMABLE_STATUSES
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES
 from core.redact import redact
 from db.migrate import check_schema
-from db.repo import SchemaOutOfDate
+from db.repo import FollowedRun, SchemaOutOfDate, followed
+from db.types import utcnow
 
 # The pages, for st.switch_page / st.page_link (paths relative to app/main.py).
 RUNS, NEW, RUN, COMPARE = "app_pages/runs.py", "app_pages/new_run.py", "app_pages/run.py", "app_pages/compare.py"
@@ -56,6 +57,68 @@ def sidebar() -> None:
         url = queries.db_url()
         st.caption(f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}")
         st.caption(f"broker: {code_span(redact(services.broker_url().split('@')[-1]))}")
+        if _schema_problem(queries.db_url()) is None and followed_runs():
+            st.fragment(_follow_panel, run_every=FOLLOW_EVERY_S)()
+
+
+# Followed runs: the sidebar polls them this often (seconds) and tells, once, when one ends.
+FOLLOW_EVERY_S = max(queries.REFRESH_S, 2.0)
+FOLLOW_SEEN = "follow.seen"  # session state: run id → the status this session last saw
+FOLLOW_SINCE = "follow.since"  # session state: when this session started watching
+FOLLOW_SHOWN = 8  # followed runs listed in the sidebar; the others are counted
+
+
+def followed_runs() -> list[FollowedRun]:
+    """The runs the acting person follows (nobody signed in, or an unreadable database: none)."""
+    user = auth.current_user()
+    if user is None:
+        return []
+    try:
+        return followed(queries.engine(), user.id)
+    except Exception:  # noqa: BLE001 - a database hiccup must not break every page's sidebar
+        return []
+
+
+def note_followed(run_id: str, status: str | None) -> None:
+    """The Run page followed (a status) or unfollowed (None) a run: the toasts start from what it showed."""
+    seen = st.session_state.setdefault(FOLLOW_SEEN, {})
+    if status is None:
+        seen.pop(run_id, None)
+    else:
+        seen[run_id] = status
+
+
+def ended_since_seen(rows: list[FollowedRun]) -> list[FollowedRun]:
+    """The followed runs that ended since this session last looked, each once; the first look only records
+    (opening the app does not replay old ends). A run seen for the first time later (followed in another tab)
+    counts as ended if it ended after this session started watching."""
+    first = FOLLOW_SEEN not in st.session_state
+    seen = st.session_state.setdefault(FOLLOW_SEEN, {})
+    since = st.session_state.setdefault(FOLLOW_SINCE, utcnow())
+    ended = []
+    for row in rows:
+        before = seen.get(row.run_id)
+        seen[row.run_id] = row.status
+        if first or row.status not in FINISHED_STATUSES or before == row.status:
+            continue
+        if before is not None or (row.finished_at is not None and row.finished_at >= since):
+            ended.append(row)
+    return ended
+
+
+def _follow_panel() -> None:
+    rows = followed_runs()
+    for row in ended_since_seen(rows):
+        st.toast(f"Run **{md_text(row.name)}** {status_label(row.status)}",
+                 icon=f":material/{STATUS_ICON.get(row.status, 'info')}:", duration="long")
+    if not rows:
+        return
+    st.caption(f":material/notifications: following {len(rows)} run{'s' if len(rows) != 1 else ''}")
+    for row in rows[-FOLLOW_SHOWN:]:  # the newest follows
+        st.page_link(RUN, label=f"{md_text(row.name)} · {status_label(row.status)}", query_params={"id": row.run_id},
+                     icon=f":material/{STATUS_ICON.get(row.status, 'circle')}:")
+    if len(rows) > FOLLOW_SHOWN:
+        st.caption(f"and {len(rows) - FOLLOW_SHOWN} more")
 
 
 def open_run(run_id: str) -> None:

@@ -16,7 +16,8 @@ from db.errors import SchemaOutOfDate
 from db.migrate import check_schema, current_revision, downgrade, head_revision, upgrade
 from db.models import Base
 
-TABLES = {"run", "run_tag", "metric", "metric_rollup", "event", "artifact", "worker", "dataset", "account"}
+TABLES = {"run", "run_tag", "metric", "metric_rollup", "event", "artifact", "worker", "dataset", "account", "sweep",
+          "sweep_trial", "sweep_decision", "follow"}
 
 
 def test_upgrade_creates_every_table_at_head(database_url: str) -> None:

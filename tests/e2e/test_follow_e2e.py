@@ -1,0 +1,91 @@
+"""Following, in a real browser: on `torchdeck ui` (local mode, a database seeded beforehand), driven by Chromium,
+the user follows a running run from its page and goes to the Runs page; the run ends in the database; a toast
+says so there, without the user doing anything.
+
+Nothing waits a fixed time: each step waits for what the user would see, with a generous bound."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SHOTS, free_port, stop_group, wait_http
+from playwright.sync_api import expect
+
+from db import repo
+from db.engine import make_engine
+from db.migrate import upgrade
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
+WAIT_MS = 60_000  # for what the user would see: generous, a busy machine takes longer
+NAME = "watched"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _seed(url: str) -> str:
+    engine = make_engine(url)
+    try:
+        r = repo.create_run(engine, SPEC, name=NAME, owner="local")
+        repo.claim_run(engine, r.id, "w1", device="cpu")
+        repo.heartbeat(engine, r.id, worker_id="w1", progress=0.2)
+        return r.id
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> Iterator[dict]:
+    home = Path(tempfile.mkdtemp(prefix="torchdeck-follow-"))
+    db_url = f"sqlite:///{home / 'torchdeck.db'}"
+    upgrade(db_url)
+    run_id = _seed(db_url)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
+    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+               PYTHONUNBUFFERED="1")
+    log = home / "ui.log"
+    with open(log, "wb") as out:  # this checkout's CLI, whatever is installed
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
+        yield {"url": f"http://127.0.0.1:{port}", "run_id": run_id, "db": db_url}
+    finally:
+        stop_group(proc)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_followed_run_that_completes_is_told_on_another_page(dashboard, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    run_id = dashboard["run_id"]
+    try:
+        page.goto(f"{dashboard['url']}/run?id={run_id}")
+        page.get_by_role("heading", name=NAME).wait_for(timeout=WAIT_MS)
+        page.get_by_role("button", name="Follow", exact=True).click()
+        expect(page.get_by_role("button", name="Unfollow", exact=True)).to_be_visible(timeout=WAIT_MS)
+        sidebar = page.get_by_test_id("stSidebar")
+        sidebar.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs", exact=True).click()
+        runs_heading = page.get_by_role("heading", name="Runs", exact=True)  # the default page: its URL is /
+        runs_heading.wait_for(timeout=WAIT_MS)
+        # The followed run, listed in the sidebar of the page the user is on now.
+        expect(sidebar.get_by_role("link", name=f"{NAME} · running")).to_be_visible(timeout=WAIT_MS)
+        engine = make_engine(dashboard["db"])
+        try:
+            repo.finish_run(engine, run_id, "completed", summary={"status": "completed"})
+        finally:
+            engine.dispose()
+        toast = page.get_by_test_id("stToast").filter(has_text=NAME).filter(has_text="completed")
+        expect(toast).to_be_visible(timeout=WAIT_MS)
+        expect(runs_heading).to_be_visible()  # told where the user is, not on the run's page
+        expect(sidebar.get_by_role("link", name=f"{NAME} · completed")).to_be_visible(timeout=WAIT_MS)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "follow-toast.png"))
+    finally:
+        page.close()
