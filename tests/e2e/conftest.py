@@ -13,8 +13,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +56,32 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> 
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")
+
+
+@contextmanager
+def serve_ui(prefix: str, seed: Callable[[str], Any], **env_extra: str) -> Iterator[tuple[str, str, Any]]:
+    """`torchdeck ui` (this checkout's CLI, local mode, no broker) on a fresh SQLite database that `seed(db_url)`
+    fills first; yields (the dashboard's URL, the database URL, what seed returned)."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    db_url = f"sqlite:///{home / 'torchdeck.db'}"
+    from db.migrate import upgrade
+
+    upgrade(db_url)
+    seeded = seed(db_url)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
+    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+               PYTHONUNBUFFERED="1", **env_extra)
+    log = home / "ui.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
+        yield f"http://127.0.0.1:{port}", db_url, seeded
+    finally:
+        stop_group(proc)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,16 @@ Nothing waits a fixed time: each step waits for what the user would see, with a 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, serve_ui
 from playwright.sync_api import Error as PlaywrightError
 
 from db import repo
 from db.engine import make_engine
-from db.migrate import upgrade
 from db.types import MetricPoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,24 +61,11 @@ def _seed(url: str, name: str, running: bool) -> str:
 
 @pytest.fixture(scope="module")
 def dashboard() -> Iterator[dict]:
-    home = Path(tempfile.mkdtemp(prefix="torchdeck-compare-"))
-    db_url = f"sqlite:///{home / 'torchdeck.db'}"
-    upgrade(db_url)
-    ids = {"live": _seed(db_url, "live", running=True), "done": _seed(db_url, "done", running=False)}
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1")
-    log = home / "ui.log"
-    with open(log, "wb") as out:  # this checkout's CLI, whatever is installed
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
-        yield {"url": f"http://127.0.0.1:{port}", "ids": ids, "db": db_url}
-    finally:
-        stop_group(proc)
-        shutil.rmtree(home, ignore_errors=True)
+    def seed(db_url: str) -> dict:
+        return {"live": _seed(db_url, "live", running=True), "done": _seed(db_url, "done", running=False)}
+
+    with serve_ui("torchdeck-compare-", seed) as (url, db_url, ids):
+        yield {"url": url, "ids": ids, "db": db_url}
 
 
 def _chart(page, trace: str) -> dict | None:

@@ -3,21 +3,15 @@ theme's light colour (it once hard-coded a white chart's dark text), and there i
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, serve_ui
 from playwright.sync_api import Error as PlaywrightError
 from test_compare_live_e2e import _seed
 
-from db.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60
@@ -35,24 +29,9 @@ TICK_FILL = """(chart) => {
 
 @pytest.fixture(scope="module")
 def dark_dashboard() -> Iterator[dict]:
-    home = Path(tempfile.mkdtemp(prefix="torchdeck-dark-"))
-    db_url = f"sqlite:///{home / 'torchdeck.db'}"
-    upgrade(db_url)
-    run_id = _seed(db_url, "live", running=True)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1", STREAMLIT_THEME_BASE="dark")
-    log = home / "ui.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
-        yield {"url": f"http://127.0.0.1:{port}", "run": run_id}
-    finally:
-        stop_group(proc)
-        shutil.rmtree(home, ignore_errors=True)
+    with serve_ui("torchdeck-dark-", lambda db_url: _seed(db_url, "live", running=True),
+                  STREAMLIT_THEME_BASE="dark") as (url, _, run_id):
+        yield {"url": url, "run": run_id}
 
 
 def _tick_fill(page) -> str | None:

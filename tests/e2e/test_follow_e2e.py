@@ -6,21 +6,15 @@ Nothing waits a fixed time: each step waits for what the user would see, with a 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, serve_ui
 from playwright.sync_api import expect
 
 from db import repo
 from db.engine import make_engine
-from db.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
@@ -42,24 +36,8 @@ def _seed(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def dashboard() -> Iterator[dict]:
-    home = Path(tempfile.mkdtemp(prefix="torchdeck-follow-"))
-    db_url = f"sqlite:///{home / 'torchdeck.db'}"
-    upgrade(db_url)
-    run_id = _seed(db_url)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1")
-    log = home / "ui.log"
-    with open(log, "wb") as out:  # this checkout's CLI, whatever is installed
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
-        yield {"url": f"http://127.0.0.1:{port}", "run_id": run_id, "db": db_url}
-    finally:
-        stop_group(proc)
-        shutil.rmtree(home, ignore_errors=True)
+    with serve_ui("torchdeck-follow-", _seed) as (url, db_url, run_id):
+        yield {"url": url, "run_id": run_id, "db": db_url}
 
 
 def test_a_followed_run_that_completes_is_told_on_another_page(dashboard, browser):

@@ -11,22 +11,16 @@ before the check, shows that the server's record is up to date."""
 from __future__ import annotations
 
 import http.server
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, serve_ui
 from playwright.sync_api import expect
 
 from db import repo
 from db.engine import make_engine
-from db.migrate import upgrade
 from db.types import MetricPoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,26 +78,14 @@ def _seed(url: str, name: str, tags: tuple[str, ...] = ()) -> str:
 
 @pytest.fixture(scope="module")
 def dashboard(image_server) -> Iterator[dict]:
-    home = Path(tempfile.mkdtemp(prefix="torchdeck-text-"))
-    db_url = f"sqlite:///{home / 'torchdeck.db'}"
-    upgrade(db_url)
     image = f"http://127.0.0.1:{image_server.server_port}/p.png"
     names = {"image": f"![x]({image})", "html": "<b>bold</b> & <i>it</i>"}
-    ids = {"image": _seed(db_url, names["image"], TAGS), "html": _seed(db_url, names["html"])}
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1")
-    log = home / "ui.log"
-    with open(log, "wb") as out:  # this checkout's CLI, whatever is installed
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
-        yield {"url": f"http://127.0.0.1:{port}", "names": names, "ids": ids}
-    finally:
-        stop_group(proc)
-        shutil.rmtree(home, ignore_errors=True)
+
+    def seed(db_url: str) -> dict:
+        return {"image": _seed(db_url, names["image"], TAGS), "html": _seed(db_url, names["html"])}
+
+    with serve_ui("torchdeck-text-", seed) as (url, _, ids):
+        yield {"url": url, "names": names, "ids": ids}
 
 
 def _images_pointing_at(page, port: int) -> list[str]:
