@@ -33,9 +33,9 @@ def spec_of(sweep: SweepRecord) -> SweepSpec:
     return SweepSpec.model_validate(sweep.spec)
 
 
-def load_state(engine: Engine, sweep: SweepRecord) -> study.SweepState:
+def load_state(engine: Engine, sweep: SweepRecord, runs: list[RunRecord] | None = None) -> study.SweepState:
     spec = spec_of(sweep)
-    runs = repo.sweep_runs(engine, sweep.id)
+    runs = repo.sweep_runs(engine, sweep.id) if runs is None else runs
     values = repo.epoch_values(engine, [r.id for r in runs], spec.stored_metric)
     return study.SweepState(spec=spec, trials=repo.trials(engine, sweep.id), runs=runs,
                             decisions=repo.decisions(engine, sweep.id), values=values)
@@ -64,20 +64,20 @@ def advance(engine: Engine, sweep_id: str, send: Send) -> list[RunRecord]:
         sweep = repo.get_sweep(engine, sweep_id)
         if sweep.finished:
             return queued
-        state = load_state(engine, sweep)
-        spec = state.spec
-        in_flight = {r.trial for r in state.runs if r.status not in FINISHED_STATUSES}
-        if len(state.trials) >= spec.trials:
+        spec, runs = spec_of(sweep), repo.sweep_runs(engine, sweep_id)
+        in_flight = {r.trial for r in runs if r.status not in FINISHED_STATUSES}
+        if len(repo.trials(engine, sweep_id)) >= spec.trials:
             if not in_flight:
                 repo.finish_sweep(engine, sweep_id, "completed")
             return queued
         if len(in_flight) >= spec.budget.parallel:
-            return queued
+            return queued  # (every reaper round comes here: no metric is read until a slot is free)
+        state = load_state(engine, sweep, runs)
         number = len(state.trials)
         params, attrs = study.ask(state)
-        runs = [(spec.run_spec(params, i, run_name(sweep, number, i, spec.seeds)).model_dump(mode="json"),
-                 run_name(sweep, number, i, spec.seeds)) for i in range(spec.seeds)]
-        created = repo.add_trial(engine, sweep, number, params, attrs, runs, tags=spec.tags)
+        to_create = [(spec.run_spec(params, i, run_name(sweep, number, i, spec.seeds)).model_dump(mode="json"),
+                      run_name(sweep, number, i, spec.seeds)) for i in range(spec.seeds)]
+        created = repo.add_trial(engine, sweep, number, params, attrs, to_create, tags=spec.tags)
         for run in created or ():
             _send(send, run)
         queued += created or []
