@@ -99,3 +99,51 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str,
         raise FileNotFoundError(f"checkpoint not found: {path}")
     # weights_only: loading a checkpoint never runs pickled code (map_location given).
     return torch.load(path, map_location=device, weights_only=True)
+
+
+def _class_names(value: Any) -> list[str] | None:
+    """A list of class names, or None when `value` is not one."""
+    if isinstance(value, list | tuple) and value and all(isinstance(c, str) for c in value):
+        return list(value)
+    return None
+
+
+def _read_safetensors(p: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(p))
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{p} is not a readable .safetensors file: {e}") from e
+    try:
+        names = _class_names(json.loads(meta["class_names"])) if "class_names" in meta else None
+    except ValueError:
+        names = None
+    return state, names
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]:
+    """A flat {name: tensor} from a .safetensors or a weights-only torch file (no pickle code runs), and the
+    class names the weights were trained on when the file says (a torchdeck checkpoint's data_info, or a
+    safetensors `class_names` metadata entry holding a JSON list); None for a plain state_dict."""
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        return _read_safetensors(p)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{p} is not a weights-only torch file (pickled objects are refused): {e}") from e
+    names = None
+    if isinstance(state, dict) and isinstance(state.get("data_info"), dict):  # a torchdeck checkpoint
+        names = _class_names(state["data_info"].get("class_names"))
+    for key in ("model", "state_dict"):  # a torchdeck / Lightning-style checkpoint
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}")
+    return state, names

@@ -116,29 +116,33 @@ class ModelSpec(_Section):
     """The network and how it is transferred."""
 
     name: ModelName = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
-    pretrained: bool = Field(
-        False, description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline)."
-    )
-    weights_file: str | None = Field(
-        None, max_length=4096, description="A state_dict to start from (.safetensors, or a torch file loaded with weights_only=True)."
-    )
+    pretrained: bool = Field(False, description="Start from torchvision's pretrained weights (read from "
+                             "$TORCH_HOME/hub/checkpoints when offline).")
+    weights_file: str | None = Field(None, max_length=4096, description="A state_dict to start from (.safetensors, or a "
+                                     "torch file loaded with weights_only=True, e.g. a torchdeck run's best.pt).")
     transfer: Literal["scratch", "feature_extract", "finetune", "finetune_last_n"] = Field(
         "scratch",
         description="scratch: train all from random init; feature_extract: freeze the backbone, train the head; "
         "finetune: train all; finetune_last_n: train the last N stages and the head.",
     )
-    last_n: int = Field(1, ge=1, le=16, description="finetune_last_n: how many backbone stages (from the top) are trained.")
-    unfreeze_at_epoch: int | None = Field(
-        None, ge=1, description="Progressive unfreezing: from this epoch (1-based) on, the whole backbone is trained."
-    )
+    keep_head: bool = Field(False, description="Transfer from a plain state_dict (one without class names): keep its "
+                            "classifier head instead of a fresh one. A torchdeck checkpoint's head is kept only for the same classes.")
+    last_n: int = Field(1, ge=1, le=16, description="finetune_last_n: how many backbone stages (from the top) are trained. "
+                        "Stages: mlp fc1, fc2; simple_cnn(_wide) conv1, conv2, fc1 (the head is the last linear layer); "
+                        "resnet stem, layer1-4; others their features blocks.")
+    unfreeze_at_epoch: int | None = Field(None, ge=1, description="Progressive unfreezing: from this epoch (1-based) on, "
+                                          "the whole backbone is trained (with unfreeze_every: the first further stage).")
+    unfreeze_every: int | None = Field(None, ge=1, le=10_000, description="Stage-wise unfreezing: every this many epochs one "
+                                       "more backbone stage (from the top) is trained; starts at unfreeze_at_epoch, else after "
+                                       "the first unfreeze_every epochs.")
     backbone_lr_mult: float = Field(
         0.1, gt=0.0, le=10.0, description="Discriminative LR: backbone learning rate = optim.lr × this (the head uses optim.lr)."
     )
+    lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="Discriminative LR per stage: the top backbone stage uses "
+                            "optim.lr × backbone_lr_mult, each stage further down that × lr_decay once more; 1: off.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classification head.")
     hidden: int = Field(128, ge=8, le=8192, description="mlp/simple_cnn: width of the hidden fully connected layer.")
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute stage activations in backward to save memory; slower."
-    )
+    gradient_checkpointing: bool = Field(False, description="Recompute stage activations in backward to save memory; slower.")
 
     @model_validator(mode="after")
     def _transfer_needs_weights(self) -> ModelSpec:
@@ -182,7 +186,7 @@ class ScheduleSpec(_Section):
         "none", description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
         "plateau: decay when the monitored metric stalls; onecycle: up to optim.lr then down."
     )
-    warmup_epochs: float = Field(0.0, ge=0.0, le=10_000.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle).")
+    warmup_epochs: float = Field(0.0, ge=0.0, le=10_000.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle; a transfer run's fresh head skips it).")
     step_size: int = Field(10, ge=1, le=10_000, description="step: decay every this many epochs.")
     milestones: list[int] = Field(default_factory=list, max_length=100, description="multistep: epochs at which to decay.")
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="step/multistep/plateau: decay factor.")

@@ -45,7 +45,7 @@ from core.names import (
     grad_norm_key,
     update_ratio_key,
 )
-from core.optim import AmpStep, Schedule, apply_transfer
+from core.optim import AmpStep, Schedule, apply_transfer, set_train_mode, trained_stages
 
 
 # A loss this many times its first value is divergence even while still finite (lr 1e3 sends a
@@ -135,15 +135,6 @@ def steps_per_epoch(micro_batches: int, train: TrainSpec) -> int:
 def prepare(pre: Preprocess, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
     """uint8 batches are preprocessed now; float batches were normalised once up front."""
     return x if x.is_floating_point() else pre(x, gen)
-
-
-def set_train_mode(model: Classifier) -> None:
-    """model.train(), but frozen stages keep BatchNorm statistics fixed (feature extraction)."""
-    model.train()
-    for _, mods in model.stages():
-        for m in mods:
-            if not any(p.requires_grad for p in m.parameters()):
-                m.eval()
 
 
 class Tally:
@@ -381,7 +372,7 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
         return status
     for epoch in range(start_epoch, t.spec.train.epochs + 1):
         trained = apply_transfer(t.model, t.spec.model, epoch)
-        if t.spec.model.unfreeze_at_epoch == epoch:
+        if epoch > 1 and trained != trained_stages(t.model, t.spec.model, epoch - 1):
             t.sink.event("lifecycle", "info", f"progressive unfreezing: training {', '.join(trained)} from epoch {epoch}",
                          {"code": "unfreeze", "stages": trained}, step=t.global_step)
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from core.checkpoint import read_weights
 from core.config import MODEL_NAMES, ModelSpec
 
 
@@ -168,6 +169,7 @@ class Classifier(nn.Module):
         self.stage_paths = stage_paths
         self.head_path = head_path
         self.weights_report: dict[str, list[str]] | None = None  # set when loaded from model.weights_file
+        self.head_report: dict | None = None  # with weights_file: whether its head was loaded or left fresh, and why
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(self.adapter(x))
@@ -263,10 +265,12 @@ def _small_net(spec: ModelSpec, num_classes: int, in_channels: int, size: int) -
     return SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
 
 
-def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int) -> Classifier:
+def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int,
+                class_names: list[str] | None = None) -> Classifier:
     """Create a registered model for `num_classes` classes on `in_channels`×`image_size`² inputs.
     With `spec.weights_file`, the load report (missing / unexpected / shape_mismatch keys) is kept
-    in `model.weights_report`."""
+    in `model.weights_report`, and whether the file's head was used (see head_plan: `class_names`
+    are the task's) in `model.head_report`."""
     entry = MODELS[spec.name]
     head_path = entry.head_path
     if entry.family == "small":
@@ -279,33 +283,12 @@ def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size:
             head_path = _add_head_dropout(net, head_path, spec.dropout)
     model = Classifier(spec.name, adapter, net, entry.stage_names(net), head_path)
     if spec.weights_file:
-        model.weights_report = load_weights_file(model, spec.weights_file)
+        model.weights_report = load_weights_file(model, spec.weights_file, spec, class_names)
     if spec.gradient_checkpointing:
         for p in model.stage_paths:
             if p != "stem":  # stage names and state_dict keys stay the same (see _Checkpointed)
                 _replace(model.net, p, _Checkpointed(model.net.get_submodule(p)))
     return model
-
-
-def _read_state(p: Path) -> dict[str, torch.Tensor]:
-    """A flat {name: tensor} from a .safetensors or a weights-only torch file (no pickle code runs)."""
-    if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(p))
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"{p} is not a readable .safetensors file: {e}") from e
-    try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{p} is not a weights-only torch file (pickled objects are refused): {e}") from e
-    for key in ("model", "state_dict"):  # a torchdeck / Lightning-style checkpoint
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}")
-    return state
 
 
 def _align_keys(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -317,17 +300,46 @@ def _align_keys(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) ->
     return state
 
 
-def load_weights_file(model: Classifier, path: str) -> dict[str, list[str]]:
+TRANSFER_MODES = ("feature_extract", "finetune", "finetune_last_n")
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f", … ({len(names)} in all)" if len(names) > n else "")
+
+
+def head_plan(spec: ModelSpec | None, file_classes: list[str] | None, task_classes: list[str] | None) -> tuple[bool, str]:
+    """Whether the weights file's classifier head is loaded (True) or the model keeps its fresh one, and why."""
+    if file_classes is not None and task_classes is not None:
+        if list(file_classes) != list(task_classes):
+            return False, (f"the weights were trained on other classes ({_few(file_classes)}) than this task's "
+                           f"({_few(task_classes)})")
+        return True, "the weights were trained on this task's classes"
+    if spec is not None and spec.transfer in TRANSFER_MODES and not spec.keep_head:
+        return False, (f"model.transfer={spec.transfer} from weights without class names starts a fresh head "
+                       "(model.keep_head=true keeps the file's)")
+    if spec is not None and spec.keep_head:
+        return True, "model.keep_head=true"
+    return True, "model.transfer=scratch loads every tensor that fits"
+
+
+def load_weights_file(model: Classifier, path: str, spec: ModelSpec | None = None,
+                      class_names: list[str] | None = None) -> dict[str, list[str]]:
     """Load a user state_dict without executing pickle code; report key mismatches clearly.
-    A file whose tensors mostly do not fit is refused: it was saved from another architecture."""
+    A file whose tensors mostly do not fit is refused: it was saved from another architecture.
+    The head is loaded or left fresh as `head_plan` says; `model.head_report` says which and why."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"model.weights_file not found: {p}")
     own = model.state_dict()
-    state = _align_keys(_read_state(p), own)
+    raw, file_classes = read_weights(p)
+    state = _align_keys(raw, own)
+    head_keys = [k for k in own if k.startswith(f"net.{model.head_path}.")]
+    keep, why = head_plan(spec, file_classes, class_names)
+    dropped = [] if keep else [k for k in head_keys if k in state]
+    state = {k: v for k, v in state.items() if k not in dropped}
     shape_bad = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     usable = {k: v for k, v in state.items() if k in own and k not in shape_bad}
-    missing = [k for k in own if k not in usable]
+    missing = [k for k in own if k not in usable and k not in dropped]
     unexpected = [k for k in state if k not in own]
     if 2 * len(usable) < len(state):
         raise ValueError(
@@ -335,7 +347,12 @@ def load_weights_file(model: Classifier, path: str) -> dict[str, list[str]]:
             f"({len(unexpected)} unexpected keys, e.g. {unexpected[:3]}; {len(shape_bad)} with another shape, "
             f"e.g. {shape_bad[:3]}). The file was saved from a different architecture."
         )
+    if keep and any(k not in usable for k in head_keys):
+        keep, why = False, ("the file's head has another shape (another number of classes)" if
+                            any(k in shape_bad for k in head_keys) else "the file has no tensors for this model's head")
     model.load_state_dict(usable, strict=False)
+    model.head_report = {"head": "loaded" if keep else "fresh", "reason": why,
+                         "file_classes": file_classes or [], "dropped": dropped}
     return {"missing": missing, "unexpected": unexpected, "shape_mismatch": shape_bad}
 
 

@@ -22,24 +22,54 @@ _NO_DECAY_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, n
 # --- transfer learning -------------------------------------------------------
 
 
+def _extra_stages(spec: ModelSpec, epoch: int) -> int:
+    """Backbone stages unfrozen by progressive unfreezing by `epoch` (beyond those trained from the start)."""
+    if spec.unfreeze_every:
+        start = spec.unfreeze_at_epoch or 1 + spec.unfreeze_every
+        return 0 if epoch < start else 1 + (epoch - start) // spec.unfreeze_every
+    return 10**6 if spec.unfreeze_at_epoch and epoch >= spec.unfreeze_at_epoch else 0
+
+
+def trained_stages(model: Classifier, spec: ModelSpec, epoch: int) -> list[str]:
+    """The stages (bottom→top, "head" last) trained in `epoch` (1-based); changes nothing."""
+    names = [n for n, _ in model.stages()]
+    backbone = names[:-1]
+    if spec.transfer in ("scratch", "finetune"):
+        return names
+    if spec.transfer == "finetune_last_n" and spec.last_n > len(backbone):
+        raise ValueError(f"model.last_n={spec.last_n}, but {model.arch} has {len(backbone)} backbone stages "
+                         f"({', '.join(backbone)}): use at most {len(backbone)}, or model.transfer=finetune")
+    first = spec.last_n if spec.transfer == "finetune_last_n" else 0
+    n = min(len(backbone), first + _extra_stages(spec, epoch))
+    return [*backbone[len(backbone) - n :], names[-1]]
+
+
 def apply_transfer(model: Classifier, spec: ModelSpec, epoch: int) -> list[str]:
     """Set requires_grad for `epoch` (1-based). Returns the names of the trained stages."""
     stages = model.stages()
-    backbone, head = stages[:-1], stages[-1]
-    everything = spec.transfer in ("scratch", "finetune") or bool(spec.unfreeze_at_epoch and epoch >= spec.unfreeze_at_epoch)
-    if everything:
-        trained = {n for n, _ in stages}
-    elif spec.transfer == "feature_extract":
-        trained = {head[0]}
-    else:  # finetune_last_n
-        trained = {head[0]} | {n for n, _ in backbone[-spec.last_n :]}
-    for p in model.parameters():  # parameters outside the named stages follow "everything"
+    trained = set(trained_stages(model, spec, epoch))
+    everything = len(trained) == len(stages)  # parameters outside the named stages follow the whole backbone
+    for p in model.parameters():
         p.requires_grad_(everything)
     for name, mods in stages:
         for m in mods:
             for p in m.parameters():
                 p.requires_grad_(name in trained)
     return [n for n, _ in stages if n in trained]
+
+
+def set_train_mode(model: Classifier) -> None:
+    """model.train(), but frozen parts stay in eval mode: frozen stages (and any norm layer whose parameters
+    are all frozen) keep their BatchNorm running statistics and run dropout as at inference."""
+    model.train()
+    for _, mods in model.stages():
+        for m in mods:
+            if not any(p.requires_grad for p in m.parameters()):
+                m.eval()
+    for m in model.modules():
+        own = list(m.parameters(recurse=False))
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and own and not any(p.requires_grad for p in own):
+            m.eval()
 
 
 # --- optimizer ---------------------------------------------------------------------------------
@@ -55,24 +85,48 @@ def _split_decay(modules: list[nn.Module], params: list[nn.Parameter]) -> tuple[
     return [p for p in params if id(p) not in no_decay], [p for p in params if id(p) in no_decay]
 
 
-def build_optimizer(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> torch.optim.Optimizer:
-    """Head at optim.lr, backbone at optim.lr × backbone_lr_mult when transferring;
-    no weight decay on norms and biases unless asked. All parameters are registered (frozen ones
-    too) so progressive unfreezing needs no new optimizer."""
+def head_is_fresh(model: Classifier, mspec: ModelSpec) -> bool:
+    """A transfer run whose head starts from random init (torchvision weights always get a new head)."""
+    report = getattr(model, "head_report", None)
+    if mspec.weights_file:
+        return report is None or report.get("head") == "fresh"
+    return mspec.pretrained
+
+
+def _lr_plan(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> list[tuple[str, list[nn.Parameter], float]]:
+    """(group, parameters, lr), the head last: the backbone at optim.lr × backbone_lr_mult when transferring,
+    and with lr_decay < 1 one group per stage, each further from the head × lr_decay once more."""
     head_ids = {id(p) for p in model.head_parameters()}
     transferring = mspec.pretrained or bool(mspec.weights_file)
-    mult = mspec.backbone_lr_mult if transferring else 1.0
+    top = optim.lr * (mspec.backbone_lr_mult if transferring else 1.0)
     head = [p for p in model.parameters() if id(p) in head_ids]
-    body = [p for p in model.parameters() if id(p) not in head_ids]
+    if not transferring or mspec.lr_decay == 1.0:
+        return [("backbone", [p for p in model.parameters() if id(p) not in head_ids], top), ("head", head, optim.lr)]
+    plan, seen = [], set(head_ids)
+    stages = model.stages()[:-1]
+    for k, (name, mods) in enumerate(reversed(stages)):
+        ps = [p for m in mods for p in m.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        plan.append((f"backbone.{name}", ps, top * mspec.lr_decay**k))
+    plan.append(("backbone.other", [p for p in model.parameters() if id(p) not in seen], top))
+    return [*reversed(plan), ("head", head, optim.lr)]
+
+
+def build_optimizer(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> torch.optim.Optimizer:
+    """Head at optim.lr, backbone stages at their discriminative rates when transferring (_lr_plan);
+    no weight decay on norms and biases unless asked. A fresh head's groups skip the warmup (`warmup`:
+    False). All parameters are registered (frozen ones too) so progressive unfreezing needs no new optimizer."""
+    fresh = head_is_fresh(model, mspec)
     groups = []
-    for name, params, lr in (("backbone", body, optim.lr * mult), ("head", head, optim.lr)):
+    for name, params, lr in _lr_plan(model, optim, mspec):
         decay, no_decay = _split_decay([model], params)
         wd = optim.weight_decay
         if optim.decay_norm_and_bias:
             decay, no_decay = decay + no_decay, []
         for suffix, ps, w in (("", decay, wd), ("/no_decay", no_decay, 0.0)):
             if ps:
-                groups.append({"params": ps, "lr": lr, "weight_decay": w, "name": name + suffix})
+                groups.append({"params": ps, "lr": lr, "weight_decay": w, "name": name + suffix,
+                               "warmup": not (fresh and name == "head")})
     if optim.name == "sgd":
         return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, nesterov=optim.nesterov)
     if optim.name == "adam":
@@ -114,6 +168,8 @@ class Schedule:
         self.opt, self.spec = optimizer, spec
         self.steps_per_epoch, self.total = steps_per_epoch, steps_per_epoch * epochs
         self.base = [g["lr"] for g in optimizer.param_groups]
+        self.warm = [g.get("warmup", True) for g in optimizer.param_groups]
+        self.cold_spec = spec.model_copy(update={"warmup_epochs": 0.0})  # for a fresh head's groups
         self.step_count = 0
         self.plateau = (
             torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=spec.gamma, patience=spec.patience, min_lr=spec.min_lr)
@@ -123,14 +179,15 @@ class Schedule:
         self._apply()
 
     def _apply(self) -> None:
-        if self.plateau is not None or self.spec.name == "none":
+        if self.plateau is not None or (self.spec.name == "none" and self.spec.warmup_epochs == 0):
             return
-        for g, base in zip(self.opt.param_groups, self.base, strict=True):
-            g["lr"] = self._lr(base)
+        for g, base, warm in zip(self.opt.param_groups, self.base, self.warm, strict=True):
+            g["lr"] = self._lr(base, warm)
 
-    def _lr(self, base: float) -> float:
+    def _lr(self, base: float, warm: bool = True) -> float:
         min_ratio = min(1.0, self.spec.min_lr / base) if base > 0 else 0.0
-        return base * lr_factor(self.spec, self.step_count, self.steps_per_epoch, self.total, min_ratio)
+        spec = self.spec if warm else self.cold_spec
+        return base * lr_factor(spec, self.step_count, self.steps_per_epoch, self.total, min_ratio)
 
     def step_batch(self) -> None:
         self.step_count += 1

@@ -26,7 +26,7 @@ from core.data import DataInfo, Preprocess, load_data, make_batches
 from core.diagnosis import ADVICE, Diagnoser
 from core.engine import Diverged, Trainer, fit, prepare, steps_per_epoch
 from core.events import Control, NeverStop, Sink
-from core.models import build_model, count_parameters
+from core.models import build_model, count_parameters, load_weights_file
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
 from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
@@ -65,12 +65,20 @@ def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device
                f"{info.channels}×{info.image_size}×{info.image_size}", {"code": "data", **info.to_dict()})
     if info.skipped:
         sink.event("data", "warning", f"{info.skipped} unreadable image(s) skipped", {"code": "skipped_images", "files": info.skipped_files})
-    model = build_model(spec.model, info.num_classes, info.channels, info.image_size).to(device)
+    # The weights file is loaded here, where the task's class names are known (they decide whose head: head_plan).
+    model = build_model(spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels,
+                        info.image_size)
+    if spec.model.weights_file:
+        model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
+    model = model.to(device)
     report = getattr(model, "weights_report", None)
     if report:
+        head = model.head_report or {}
         sink.event("lifecycle", "warning" if any(report.values()) else "info",
                    f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
-                   f"{len(report['shape_mismatch'])} shape-mismatched keys", {"code": "weights_file", **report})
+                   f"{len(report['shape_mismatch'])} shape-mismatched keys; head {head.get('head')}: {head.get('reason')}",
+                   {"code": "weights_file", **report, "head": head.get("head"), "head_reason": head.get("reason"),
+                    "head_keys_not_loaded": head.get("dropped", []), "weights_classes": head.get("file_classes", [])})
     apply_transfer(model, spec.model, 1)
     total, trainable = count_parameters(model)
     sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
