@@ -81,10 +81,11 @@ def forget(store, job_id: str) -> None:
         pass
 
 
-def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str, Any]:
-    """Build the data and the model on a jobs worker, run the shape check and draw the labelled sample grid.
-    Returns {"ok", "shapes"|"error", "grid" (PNG bytes or None), "data", "model"}. A spec reading files a run
-    may not (app.paths) is refused here, before anything is sent."""
+def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bool = False) -> dict[str, Any]:
+    """Build the data and the model on a jobs worker, run the shape check, draw the labelled sample grid and,
+    with `overfit`, try to overfit one batch on a short budget. Returns {"ok", "shapes"|"error", "grid" (PNG
+    bytes or None), "data", "model", and with `overfit` "overfit" (worker/preflight.py's verdict)}. A spec
+    reading files a run may not (app.paths) is refused here, before anything is sent."""
     from app.paths import check_paths
 
     try:
@@ -92,12 +93,14 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> dict[str
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     try:
-        result, store, job_id = run_job(PREFLIGHT_TASK, {"spec": spec.model_dump(mode="json"), "timeout_s": timeout_s},
-                                        timeout_s)
+        result, store, job_id = run_job(PREFLIGHT_TASK, {"spec": spec.model_dump(mode="json"), "timeout_s": timeout_s,
+                                                         "overfit": overfit}, timeout_s)
     except JobError as e:
         return {"ok": False, "error": str(e)}
     if result.get("error"):
         result["error"] = redact(result["error"])
+    if isinstance(result.get("overfit"), dict) and result["overfit"].get("error"):
+        result["overfit"]["error"] = redact(result["overfit"]["error"])
     try:
         key = f"jobs/{job_id}/samples.png"
         result["grid"] = store.read_bytes(key) if store.exists(key) else None

@@ -37,6 +37,9 @@ JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a
 RUN_TASK = "torchdeck.execute_run"
 PREFLIGHT_TASK = "torchdeck.preflight"
 EXPORT_TASK = "torchdeck.export"
+# The pre-flight's overfit-one-batch check (New run page): an interactive budget, on the jobs worker's CPU.
+PREFLIGHT_OVERFIT_STEPS, PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_LR = 40, 16, 3e-3
+PREFLIGHT_OVERFIT_S = 20.0  # it stops after this many seconds, whatever the steps left
 # A worker (or a run) whose heartbeat is older than this is gone; TORCHDECK_STALE_AFTER_S overrides it.
 STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"
 STALE_AFTER_S = 30.0

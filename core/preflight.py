@@ -4,6 +4,7 @@ and optionally overfitting one batch."""
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import numpy as np
@@ -68,28 +69,36 @@ def sample_grid(data: DataBundle, path: Path, n: int = 32) -> Path:
     return path
 
 
-def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, steps: int, batch: int = 16) -> dict:
-    """Train a copy of the model on one small batch; a healthy model/loss/label setup memorises it."""
+def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, steps: int, batch: int = 16,
+                      lr: float = 1e-3, budget_s: float | None = None) -> dict:
+    """Train a copy of the model on one small batch (Adam at `lr`); a healthy model/loss/label setup memorises
+    it. With `budget_s`, it stops after that many seconds: `steps` then says how many it took."""
     m = copy.deepcopy(model).to(device).train()
     x, y = _first(data.train, batch)
     x, y = Preprocess(data.info, None, device)(x.to(device)), y.to(device)
-    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=lr)
     crit = nn.CrossEntropyLoss()
     first = last = float("nan")
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    done = 0
     for i in range(steps):
         opt.zero_grad(set_to_none=True)
         loss = crit(m(x), y)
         loss.backward()
         opt.step()
+        done = i + 1
         if i == 0:
             first = loss.item()
+        if deadline is not None and time.monotonic() > deadline:
+            break
     m.eval()
     with torch.inference_mode():
         logits = m(x)
         last = crit(logits, y).item()
         acc = (logits.argmax(1) == y).float().mean().item()
     passed = acc >= 0.99 or last < 0.1 * first
-    return {"passed": passed, "initial_loss": first, "final_loss": last, "batch_acc": acc, "steps": steps, "batch": len(y)}
+    return {"passed": passed, "initial_loss": first, "final_loss": last, "batch_acc": acc, "steps": done,
+            "batch": len(y), "lr": lr}
 
 
 def data_memory_bytes(spec) -> int | None:

@@ -5,8 +5,9 @@ Two tasks on the `jobs` queue, served by one small CPU-only worker per host (`to
 `torchdeck up` start it beside the run workers, so a pre-flight never waits behind a long run); each job
 runs in a fresh subprocess, so a crash or a leak never touches the worker:
 
-- `torchdeck.preflight(job_id, spec)`: builds the data and the model as a run would, checks the shapes
-  and draws the labelled sample grid (worker/preflight.py);
+- `torchdeck.preflight(job_id, spec, overfit)`: builds the data and the model as a run would, checks the
+  shapes, draws the labelled sample grid and, with `overfit`, tries to overfit one batch on a short budget
+  (worker/preflight.py);
 - `torchdeck.export(job_id, run_id, formats, checkpoint)`: brings the run's checkpoint from the artifact
   store when this host lacks it, then exports, verifies and registers the files through the database
   sink, as the end of a training run does, into a new folder of the run each time, so an earlier
@@ -100,7 +101,8 @@ def cpu_spec(spec: Any) -> Any:
     return spec.model_copy(update={"device": "cpu", "train": train})
 
 
-def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> tuple[dict, bytes | None]:
+def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S,
+                  overfit: bool = False) -> tuple[dict, bytes | None]:
     """(result, sample grid PNG) of worker/preflight.py run in a fresh subprocess on this host."""
     from core.config import RunSpec
     from worker.artifacts import localize_dataset
@@ -115,7 +117,7 @@ def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="torchdeck-job-preflight-") as tmp:
         spec_path, out = Path(tmp) / "spec.yaml", Path(tmp) / "out"
         spec_path.write_text(cpu_spec(spec).to_yaml())
-        cmd = [sys.executable, "-m", "worker.preflight", str(spec_path), str(out)]
+        cmd = [sys.executable, "-m", "worker.preflight", str(spec_path), str(out), *(["--overfit"] if overfit else [])]
         try:
             done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                                   env=_child_env())
@@ -130,11 +132,11 @@ def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S
 
 
 @app.task(name=PREFLIGHT_TASK, ignore_result=True)
-def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
+def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bool = False) -> str:
     store = WorkerSettings().store()
     _started(store, job_id)
     try:
-        result, grid = run_preflight(spec, store, timeout_s)
+        result, grid = run_preflight(spec, store, timeout_s, overfit)
     except Exception as e:  # noqa: BLE001 - the answer says what went wrong
         result, grid = {"ok": False, "error": f"{e.__class__.__name__}: {e}",
                         "traceback": traceback.format_exc()[-4000:]}, None

@@ -20,8 +20,9 @@ from app import auth, form_rules, launch_hints, services
 from app import fmt as f
 from app import jobs
 from app.schema import errors_by_field, flatten, validate
-from app.ui import frame, new_sweep, queries, run_view, spec_form
+from app.ui import frame, new_sweep, preflight_view, queries, run_view, spec_form
 from core.config import RunSpec, SpecError
+from core.names import PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_S, PREFLIGHT_OVERFIT_STEPS
 
 K = frame.page_state("nr")
 PRESETS = Path(__file__).resolve().parents[2] / "configs"
@@ -179,30 +180,21 @@ def launch(spec: RunSpec) -> None:
 
 
 def show_preflight(spec: RunSpec) -> None:
-    with st.spinner("Pre-flight: building the data and the model in a separate process…"):
-        result = jobs.preflight(spec)
+    """Ask a jobs worker for the pre-flight (with overfit-one-batch when its box is ticked), under a status."""
+    overfit = bool(st.session_state.get(K("overfit"), True))
+    what = "shape check, sample grid" + (" and overfitting one batch" if overfit else "")
+    with st.status(f"Pre-flight: {what}, in a separate process…") as status:
+        result = jobs.preflight(spec, overfit=overfit)
+        status.update(label=f"Pre-flight {'done' if result.get('ok') else 'failed'}: see below",
+                      state="complete" if result.get("ok") else "error")
     st.session_state[K("preflight")] = result
 
 
 def preflight_panel() -> None:
+    """The last pre-flight's answer (app/ui/preflight_view.py), kept across reruns."""
     result = st.session_state.get(K("preflight"))
-    if not result:
-        return
-    with st.container(border=True):
-        st.markdown("**Pre-flight**")
-        if result.get("ok"):
-            s = result["shapes"]
-            st.success(f"Shape check passed: input {s['input_shape']} → output {s['output_shape']} "
-                       f"({s['num_classes']} classes)", icon=":material/check_circle:")
-        else:
-            st.error(f.md_text(result.get("error", "pre-flight failed"), multiline=True), icon=":material/error:")
-        if result.get("data"):
-            d, m = result["data"], result.get("model", {})
-            st.caption(f"data {f.md_text(d['name'])}: {d['train']} train / {d['val']} val, {len(d['classes'])} classes, "
-                       f"{d['channels']}×{d['image_size']}×{d['image_size']}"
-                       + (f" · model {f.md_text(m['name'])}: {m['parameters']:,} parameters" if m else ""))
-        if result.get("grid"):
-            st.image(result["grid"], caption="Training samples with their labels: check they match")
+    if result:
+        preflight_view.show(result)
 
 
 def relevance() -> tuple[Callable[[str], bool], dict]:
@@ -259,6 +251,10 @@ def form(shown: Callable[[str], bool], values: dict):
         sweep = new_sweep.section()
         hints_line(values)
         general_slot = st.empty()
+        st.checkbox("Pre-flight: also overfit one batch", key=K("overfit"),
+                    help=f"Trains a copy of the model for {PREFLIGHT_OVERFIT_STEPS} steps on one batch of "
+                         f"{PREFLIGHT_OVERFIT_BATCH} samples, on the CPU (at most {PREFLIGHT_OVERFIT_S:g} s): a "
+                         "healthy model, loss and labels memorise it. Its loss should fall.")
         v, p, l_ = st.columns([1, 1, 1])
         validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
         preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:",
@@ -297,6 +293,7 @@ def main() -> None:
     else:
         st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
     st.session_state.setdefault(K("tags"), "")
+    st.session_state.setdefault(K("overfit"), True)
     clone_from_query()
     dataset_from_query()
     presets_bar()

@@ -68,7 +68,7 @@ def by_path(path: str) -> FormField:
 
 def _float_step(f: FormField) -> float:
     d = f.default if isinstance(f.default, (int, float)) and f.default else 0.01
-    return 10 ** math.floor(math.log10(abs(d)))
+    return float(10 ** math.floor(math.log10(abs(d))))  # a float: an int step beside a float bound is refused
 
 
 def _widget(f: FormField) -> None:

@@ -120,14 +120,21 @@ def test_clone_prefills_from_the_run_and_links_the_new_run_to_it(page, engine, b
     assert child.tags == ("sweep",)
 
 
-def test_preflight_runs_the_shape_check_and_shows_the_labelled_grid(page, jobs_worker):
+def test_preflight_runs_the_shape_check_the_overfit_check_and_shows_the_labelled_grid(page, jobs_worker):
     """Real pre-flight on a real jobs worker (torch stays out of the UI): digits data, the reference CNN."""
     at = page("new_run.py", timeout=240)
     at.number_input(key="nr.f.data.image_size").set_value(16)
     at.selectbox(key="nr.f.device").set_value("cpu")
+    assert at.checkbox(key="nr.overfit").value  # overfit-one-batch is on by default
     at = _click(at, "Pre-flight check")
     assert any("Shape check passed" in s.value and "[10]" in s.value for s in at.success), [e.value for e in at.error]
     assert len(at.image) == 1
+    verdicts = [m.value for m in [*at.success, *at.warning] if m.value.startswith("Overfit one batch")]
+    assert len(verdicts) == 1 and "from " in verdicts[0] and " steps" in verdicts[0], verdicts
+    at.checkbox(key="nr.overfit").uncheck()
+    at = _click(at, "Pre-flight check")
+    assert any("Shape check passed" in s.value for s in at.success)
+    assert not [m.value for m in [*at.success, *at.warning, *at.info] if m.value.startswith("Overfit one batch")]
 
 
 def test_a_clone_left_unlaunched_does_not_leak_into_the_next_form(page, engine, broker):
