@@ -20,6 +20,7 @@ from core.config import RunSpec, TrainSpec
 from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
 from core.diagnosis import Diagnoser
 from core.events import Control, Sink
+from core.insight import Mistakes, confusion_scores, emit_histograms, log_histograms, store_gallery, top_confusions
 from core.models import Classifier
 from core.names import (
     CHECKPOINT_FILES,
@@ -180,9 +181,11 @@ class LayerProbe:
         self.t, self.params = t, params
         self.values: dict[str, torch.Tensor] = {}
         self.before: list[torch.Tensor] = []
+        self.hist: Any = None
 
     def before_step(self) -> None:
         self.values.update(self.t._group_grad_norms())
+        self.hist = log_histograms(self.t.groups)  # weights before the update, gradients after unscaling
         self.before = [p.detach().clone() for p in self.params]
 
     def after_step(self) -> None:
@@ -246,13 +249,16 @@ def optimizer_step(t: Trainer, params: list[nn.Parameter], tally: Tally, epoch: 
             t.diagnoser.layer_norms(step, {k.removeprefix(GRAD_NORM_PREFIX): v for k, v in values.items()
                                            if k.startswith(GRAD_NORM_PREFIX)})
         t.sink.metrics(step, epoch, values)  # logged first: the chart shows the explosion
+        if probe is not None:
+            emit_histograms(t.sink, step, probe.hist)
         check_divergence(t, step, values[TRAIN_LOSS], values.get(GRAD_NORM))
         t.sink.progress(step, t.steps_per_epoch * t.spec.train.epochs)
 
 
 @torch.inference_mode()
-def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
-    """eval() + inference_mode for every validation phase. Returns metrics and the confusion matrix."""
+def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, float], torch.Tensor]:
+    """eval() + inference_mode for every validation phase. Returns metrics and the confusion matrix;
+    `mistakes` collects the most confident wrong predictions."""
     t.model.eval()
     c = t.data.info.num_classes
     dev = t.device
@@ -266,6 +272,8 @@ def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
         loss_sum += crit(logits, y)
         pred = logits.argmax(1)
         confusion += torch.bincount(y * c + pred, minlength=c * c)
+        if mistakes is not None:
+            mistakes.add(logits, y)
         if c > 5:
             top5 += (logits.topk(5, dim=1).indices == y[:, None]).any(1).sum()
         n += len(y)
@@ -274,15 +282,6 @@ def evaluate(t: Trainer) -> tuple[dict[str, float], torch.Tensor]:
     if c > 5:
         m[VAL_ACC_TOP5] = top5.item() / max(n, 1)
     return m, cm
-
-
-def top_confusions(cm: torch.Tensor, names: list[str], k: int = 20) -> list[tuple[str, str, int]]:
-    """The k largest off-diagonal cells of a confusion matrix: (true class, predicted class, count)."""
-    off = cm.clone()
-    off.fill_diagonal_(0)
-    counts, flat = off.flatten().topk(min(k, off.numel()))
-    c = cm.shape[0]
-    return [(names[int(i) // c], names[int(i) % c], int(n)) for n, i in zip(counts, flat, strict=True) if n > 0]
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -305,7 +304,8 @@ def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
 
 def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float) -> str | None:
     """Validate, log, checkpoint, decide. Returns a final status when training must end."""
-    val_m, cm = evaluate(t)
+    mistakes = Mistakes(t.device)
+    val_m, cm = evaluate(t, mistakes)
     m = {**train_m, **val_m, EPOCH_TIME: seconds, LR_EPOCH: t.optimizer.param_groups[-1]["lr"],
          PEAK_MEMORY: _peak_memory_mb(t.device)}
     names = t.data.info.class_names
@@ -314,7 +314,8 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     if len(names) <= 50:
         m.update(dict(zip(keys, per_class, strict=True)))
     t.sink.metrics(t.global_step, epoch, m)
-    data = {"code": "evaluation", "epoch": epoch, "per_class_acc": per_class, "class_names": names}
+    scores = confusion_scores(cm)  # precision, recall, f1, support per class
+    data = {"code": "evaluation", "epoch": epoch, "per_class_acc": per_class, "class_names": names, **scores}
     if len(names) <= MAX_CONFUSION_CLASSES:
         data["confusion"] = cm.tolist()
     else:  # C×C numbers in every epoch's event would be megabytes: the most confused pairs instead
@@ -322,7 +323,8 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     if len(names) > MAX_PER_CLASS_SHOWN:  # thousands of classes: the ones that need attention, within the event cap
         worst = sorted(range(len(names)), key=per_class.__getitem__)[:MAX_PER_CLASS_SHOWN]
         data.update(per_class_acc=[round(per_class[i], 4) for i in worst], class_names=[names[i] for i in worst],
-                    classes_shown=f"the {len(worst)} classes with the lowest accuracy, of {len(names)}")
+                    classes_shown=f"the {len(worst)} classes with the lowest accuracy, of {len(names)}",
+                    **{k: [v[i] for i in worst] for k, v in scores.items()})
     shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
     if shortened and len(names) <= 50:
         data["class_keys"] = shortened  # the full name of each shortened per-class key
@@ -333,6 +335,8 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     monitor = t.spec.train.early_stopping.monitor
     value = m[TRAIN_EPOCH_LOSS] if monitor == TRAIN_LOSS else m[monitor]
     best = t.early.update(value, epoch)
+    if best:  # the epoch the best checkpoint holds: its most confident mistakes
+        store_gallery(t.sink, t.data.val, names, mistakes, cm, epoch, t.out_dir)
     t.schedule.step_epoch(value)
     t.epoch = epoch
     ck = t.spec.checkpoint

@@ -66,6 +66,11 @@ MAX_IMAGE_PIXELS = 64_000_000
 # Evaluation events carry the whole confusion matrix up to this many classes (the most confused pairs beyond).
 MAX_CONFUSION_CLASSES = 50
 MAX_PER_CLASS_SHOWN = 200  # an evaluation event names at most this many classes (the lowest accuracies)
+# At the best epoch, a PNG grid of the most confident validation mistakes (their classes in its meta).
+MISCLASSIFIED, MAX_MISCLASSIFIED = "misclassified", 32
+# Every train.diag_every steps, one event of this kind: per layer group, a histogram of log10 |value| of the
+# weights and of the gradients in HIST_BINS fixed bins over HIST_RANGE (values beyond go to the end bins).
+HISTOGRAM_EVENT, HIST_BINS, HIST_RANGE = "histogram", 32, (-10.0, 2.0)
 
 # --- metric keys --------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"

@@ -12,7 +12,7 @@ import streamlit as st
 from app import services
 from app import auth, charts, jobs
 from app import fmt as f
-from app.ui import frame, queries, run_units
+from app.ui import error_view, frame, queries, run_units
 from core.config import RunSpec
 from core.names import (
     BUNDLE,
@@ -20,6 +20,8 @@ from core.names import (
     CHECKPOINT_LAST,
     EXPORT_FORMATS,
     EXPORT_REPORT,
+    HISTOGRAM_EVENT,
+    MISCLASSIFIED,
     SAMPLE_GRID,
     SUCCESS_STATUSES,
 )
@@ -29,16 +31,17 @@ ARTIFACT_LABELS = {
     CHECKPOINT_BEST: "Best checkpoint (.pt)", CHECKPOINT_LAST: "Last checkpoint (.pt)",
     "torchscript": "TorchScript (.ts)", "onnx": "ONNX (.onnx)", "pt2": "torch.export (.pt2)",
     BUNDLE: "Bundle (.zip: model + preprocessing)", EXPORT_REPORT: "Export report (export.json)",
-    SAMPLE_GRID: "Sample grid (.png)",
+    SAMPLE_GRID: "Sample grid (.png)", MISCLASSIFIED: "Most confident mistakes (.png)",
 }
 
 
 class EventLog:
     """What the Run page shows of a run's events, held in session state and extended with only the events
     after the last id seen: the latest evaluation, the findings (diagnosis, errors; at most FINDINGS) and
-    the RECENT last events. Older events stay in the database, never in every viewer's memory."""
+    the RECENT last events, and at most HISTOGRAMS weight/gradient histograms (every `stride`-th: it doubles
+    when they fill up). Older events stay in the database, never in every viewer's memory."""
 
-    RECENT, FINDINGS = 500, 200
+    RECENT, FINDINGS, HISTOGRAMS = 500, 200, 400
     PAGE = 2000  # events read per query; a run with more is read page by page, so the newest are shown
 
     def __init__(self) -> None:
@@ -46,6 +49,8 @@ class EventLog:
         self.recent: deque[EventRecord] = deque(maxlen=self.RECENT)
         self.findings: list[EventRecord] = []
         self.evaluation: EventRecord | None = None
+        self.histograms: list[EventRecord] = []
+        self.stride, self.seen_histograms = 1, 0
 
     @classmethod
     def of(cls, run_id: str) -> list[EventRecord]:
@@ -56,13 +61,24 @@ class EventLog:
                 log.after = e.id
                 if e.kind == "evaluation" and (e.data or {}).get("per_class_acc") is not None:
                     log.evaluation = e
+                elif e.kind == HISTOGRAM_EVENT:
+                    log.add_histogram(e)
+                    continue  # not in the event log's table
                 elif _finding(e) and len(log.findings) < cls.FINDINGS:
                     log.findings.append(e)
                 log.recent.append(e)
             if len(page) < cls.PAGE:
                 break
-        kept = [*log.findings, *([log.evaluation] if log.evaluation else []), *log.recent]
+        kept = [*log.findings, *([log.evaluation] if log.evaluation else []), *log.histograms, *log.recent]
         return sorted({e.id: e for e in kept}.values(), key=lambda e: e.id)
+
+    def add_histogram(self, e: EventRecord) -> None:
+        self.seen_histograms += 1
+        if (self.seen_histograms - 1) % self.stride:
+            return
+        self.histograms.append(e)
+        if len(self.histograms) > self.HISTOGRAMS:
+            self.histograms, self.stride = self.histograms[::2], self.stride * 2
 
 
 def _finding(e: EventRecord) -> bool:
@@ -214,11 +230,19 @@ def diagnosis_panel(events: list[EventRecord]) -> None:
 
 
 def evaluation_panel(r: RunRecord, events: list[EventRecord]) -> None:
+    """The latest evaluation (confusion matrix, per-class accuracy, precision/recall/F1), the best epoch's most
+    confident mistakes, and the weight and gradient histograms over steps."""
     evals = [e for e in events if e.kind == "evaluation" and (e.data or {}).get("per_class_acc") is not None]
-    if not evals:
+    if evals:
+        _evaluation(r, evals[-1].data)
+        error_view.scores_panel(r, evals[-1].data)
+        error_view.gallery_panel(r)
+    else:
         st.caption("The confusion matrix and per-class accuracy appear after the first validation epoch.")
-        return
-    last = evals[-1].data
+    error_view.histogram_panel(r, events)
+
+
+def _evaluation(r: RunRecord, last: dict) -> None:
     names = last.get("class_names") or [str(i) for i in range(len(last["per_class_acc"]))]
     shown = f" Per-class accuracy of {f.md_text(last['classes_shown'])}." if last.get("classes_shown") else ""
     st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.{shown}")
@@ -235,6 +259,7 @@ def evaluation_panel(r: RunRecord, events: list[EventRecord]) -> None:
 
 
 def events_panel(events: list[EventRecord]) -> None:
+    events = [e for e in events if e.kind != HISTOGRAM_EVENT]  # shown as heat maps on the Evaluation tab
     if not events:
         st.caption("No events yet.")
         return
@@ -305,7 +330,7 @@ def earlier_files(every: list, latest: dict) -> None:
     """Files a later export (or checkpoint) superseded on the list above: they keep their bytes and their
     links, newest first."""
     newest = {a.id for a in latest.values()}
-    older = [a for a in reversed(every) if a.id not in newest and a.kind != SAMPLE_GRID]
+    older = [a for a in reversed(every) if a.id not in newest and a.kind not in (SAMPLE_GRID, MISCLASSIFIED)]
     if not older:
         return
     with st.expander(f"Earlier files ({len(older)}): unchanged, still downloadable", icon=":material/history:"):
