@@ -22,7 +22,7 @@ from math import isfinite
 from operator import attrgetter, index, lt
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, bindparam, select, text
 
 from db.bulk import write_postgres, write_sqlite
 from db.engine import connection_scope
@@ -257,6 +257,18 @@ def metric_keys(engine: Engine, run_id: str) -> list[str]:
             raise RunNotFound(run_id)
         query = select(r.c.key).where(r.c.run_id == run_id, r.c.level == WHOLE_SERIES_LEVEL)
         return sorted(conn.execute(query).scalars())
+
+
+# Built once: a live view runs it several times a second (building it each time cost more than running it).
+_COUNTS = select(MetricRollup.key, MetricRollup.count).where(
+    MetricRollup.run_id == bindparam("run_id"), MetricRollup.level == WHOLE_SERIES_LEVEL)
+
+
+def series_counts(engine: Engine, run_id: str) -> dict[str, int]:
+    """Each metric key of the run with its number of points ({} for a run without points or an unknown
+    one): what a live view polls to learn which series grew, one short range of the rollup's key."""
+    with connection_scope(engine) as conn:
+        return {key: int(count) for key, count in conn.execute(_COUNTS, {"run_id": run_id})}
 
 
 def summaries(

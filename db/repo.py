@@ -17,7 +17,7 @@ from db.errors import (
 )
 from db.filters import FilterError, parse as parse_filter, spec_fields
 from db.listing import list_runs, owners_and_tags
-from db.metrics import append_metrics, metric_keys, point_problem
+from db.metrics import append_metrics, metric_keys, point_problem, series_counts
 from db.records import (
     accounts,
     upsert_account,
@@ -70,7 +70,7 @@ from db.sweeps import (
     trials,
 )
 from db.units import Unit, UnitPage, list_units
-from db.series import compare, epoch_anchors, iter_points, series
+from db.series import compare, epoch_anchors, iter_points, series, series_many
 from db.types import (
     AccountRecord,
     ArtifactRecord,
@@ -93,6 +93,7 @@ from db.types import (
 from db.follows import FollowedRun, follow, followed, unfollow
 
 __all__ = [
+    "series_counts", "series_many",
     "ArtifactNotFound", "DatasetNotFound", "NotOwned", "QueueLimitReached", "RunNotFound", "RunStillActive", "SchemaOutOfDate",
     "ArtifactRecord", "Comparison", "DatasetRecord", "EventInput", "EventRecord",
     "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",

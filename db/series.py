@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Engine, func, literal_column, select, union_all
+from sqlalchemy import BigInteger, Connection, Engine, bindparam, func, literal_column, select, union_all
 
 try:
     from sqlalchemy.dialects.postgresql import distinct_on as _pg_distinct_on
@@ -57,13 +57,31 @@ def series(
         return read_series(conn, run_id, key, since_step, max_points)
 
 
+def series_many(
+    engine: Engine, run_id: str, since: dict[str, int | None], max_points: int = DEFAULT_MAX_POINTS
+) -> dict[str, Series]:
+    """`series` of several keys in one connection: each key's points after its step in `since` (None: the
+    whole series, downsampled). What a live chart reads when a few of a run's series grew."""
+    if max_points < MIN_MAX_POINTS:
+        raise ValueError(f"max_points must be at least {MIN_MAX_POINTS}, got {max_points}")
+    with connection_scope(engine) as conn:
+        return {key: read_series(conn, run_id, key, step, max_points) for key, step in since.items()}
+
+
+# The two reads of a live chart's refresh, built once (a live page runs them for every series that grew,
+# several times a second: building the statement each time cost more than running it).
+_WHOLE = select(MetricRollup.__table__).where(
+    MetricRollup.run_id == bindparam("run_id"), MetricRollup.level == WHOLE_SERIES_LEVEL,
+    MetricRollup.key == bindparam("key"))
+_AFTER = (select(Metric.step, Metric.value)
+          .where(Metric.run_id == bindparam("run_id"), Metric.key == bindparam("key"), Metric.step > bindparam("since"))
+          .order_by(Metric.step).limit(bindparam("limit")))
+
+
 def read_series(
     conn: Connection, run_id: str, key: str, since_step: int | None, max_points: int
 ) -> Series:
-    r = MetricRollup.__table__
-    whole = conn.execute(
-        select(r).where(r.c.run_id == run_id, r.c.level == WHOLE_SERIES_LEVEL, r.c.key == key)
-    ).first()
+    whole = conn.execute(_WHOLE, {"run_id": run_id, "key": key}).first()
     if whole is None:
         if conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
             raise RunNotFound(run_id)
@@ -93,6 +111,9 @@ def read_series(
 def _raw_points(
     conn: Connection, run_id: str, key: str, since_step: int | None, limit: int | None
 ) -> list[tuple[int, float]]:
+    if since_step is not None and limit is not None:
+        rows = conn.execute(_AFTER, {"run_id": run_id, "key": key, "since": since_step, "limit": limit})
+        return [(step, stored_float(value)) for step, value in rows]
     t = Metric.__table__
     query = select(t.c.step, t.c.value).where(t.c.run_id == run_id, t.c.key == key)
     if since_step is not None:

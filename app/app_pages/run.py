@@ -9,7 +9,7 @@ import streamlit as st
 from app import auth, services
 from app import fmt as f
 from app.charts import X_MODES
-from app.ui import frame, queries, run_charts, run_view
+from app.ui import frame, live_series, queries, run_charts, run_view
 from app.ui.live_chart import live_charts
 from db import repo
 from db.types import NOTES_LEN
@@ -140,18 +140,20 @@ def chart_controls() -> tuple[str, float, int]:
     return xmode, smoothing, cols
 
 
-def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int) -> None:
-    r = queries.run(run_id, fresh=True)
+def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: bool) -> None:
+    # While live, the run's record may be a moment old: the status fragment notices the end and reruns the page.
+    r = queries.run(run_id, fresh=not live)
     if r is None:
         return
-    keys = queries.metric_keys(r)
-    figs = run_charts.figures(r, keys, xmode, smoothing)
-    if not figs:
+    charts, counts = run_charts.figures(r, xmode, smoothing)
+    if not charts:
         st.info("No metrics yet: the first points arrive after the first logged step.", icon=":material/hourglass:")
         return
-    live_charts(figs, columns=ncols, key=K("charts"))  # updated in place: zoom and legend survive refreshes
-    held = run_charts.LiveSeries.of(r.id).steps.get("train/loss", []) if not r.finished else []
-    st.caption(f"{len(keys)} metric keys" + (f" · last step {held[-1]}" if held else ""))
+    live_charts(charts, columns=ncols, key=K("charts"))  # updated in place: zoom and legend survive refreshes
+    if counts is not None:
+        last = live_series.shared(queries.db_url(), r.id).get("train/loss")[0]
+        st.caption(f"{len(counts)} metric keys" + (f" · last step {last[-1]}" if last else ""))
+        run_charts.wait_for_more(r.id, counts, K("charts"))
 
 
 def live_details(run_id: str) -> None:
@@ -183,11 +185,12 @@ def main() -> None:
     if active:
         # Streamlit fades the elements of a fragment while it reruns; refreshed every second, the
         # live parts would spend half their time faded although nothing in them is out of date.
-        st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
+        st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important} [data-testid='stStatusWidget']{display:none !important}</style>")
     header(r)
     buttons(r)
     run_view.repeated_notice(r)
-    st.fragment(live_status, run_every=every)(r.id, active)
+    # Status, progress and ETA: every couple of seconds is plenty (the charts follow the points as they come).
+    st.fragment(live_status, run_every=max(every, 2.0) if every else None)(r.id, active)
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"),
                    on_change="rerun")
@@ -195,7 +198,7 @@ def main() -> None:
     if charts_tab.open is not False:
         with charts_tab:
             xmode, smoothing, ncols = chart_controls()
-            st.fragment(charts_view, run_every=every)(r.id, xmode, smoothing, ncols)
+            st.fragment(charts_view, run_every=queries.LIVE_S if active else None)(r.id, xmode, smoothing, ncols, active)
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)

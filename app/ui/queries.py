@@ -32,6 +32,10 @@ from db.types import (
 # A live view polls this often (seconds); a metric is visible within about this long after
 # its worker's sink flushed it. TORCHDECK_UI_REFRESH_S tunes it for slow shared machines.
 REFRESH_S = float(os.environ.get("TORCHDECK_UI_REFRESH_S", "1.0"))
+# A running run's charts poll faster: a refresh where nothing was written reads one short range of
+# an index (app/ui/live_series.py) and sends a few stamps, so a new point is drawn within about this
+# long after its worker's sink wrote it.
+LIVE_S = min(float(os.environ.get("TORCHDECK_UI_LIVE_S", "0.25")), REFRESH_S)
 
 
 def db_url() -> str:

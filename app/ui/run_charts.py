@@ -1,20 +1,22 @@
 """The Run page's charts: which metric keys go on which chart, and the series behind them.
 
-A running run's series are fetched once downsampled and then incrementally: each refresh asks
-the database only for points after the last step held (`since_step`). A finished run's series
-are fetched once and cached."""
+A running run's series live in the process-wide app.ui.live_series.SharedRun: fetched once
+downsampled, then only the keys that grew, only their new points; each chart is rebuilt only when
+one of its series grew, and its JSON is shared by every viewer. A finished run's charts are built
+once and cached."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import plotly.graph_objects as go
 import streamlit as st
 
 from app.ui import queries
 from core import names as n
-from app.charts import X_TITLES, Trace, line_figure, step_mapper
+from app.charts import X_TITLES, Trace, line_dict, step_mapper
+from app.ui import live_series
+from app.ui.live_chart import Chart, asked_again, chart
 from db import repo
 from db.types import RunRecord
 
@@ -48,8 +50,7 @@ CHARTS: tuple[ChartSpec, ...] = (
     ChartSpec("System: memory (MB)", (n.SYS_RSS,), (), system=True, smooth=False),
 )
 EPOCH_KEYS = (n.TRAIN_EPOCH_LOSS, n.TRAIN_ACC, "val/", n.EPOCH_TIME, n.PEAK_MEMORY, n.LR_EPOCH, n.DATA_WAIT_EPOCH)
-MAX_POINTS = 2000  # a finished run's charts
-LIVE_POINTS = 1000  # a running run's, redrawn every refresh: half the work for the browser
+MAX_POINTS = 2000  # a finished run's charts (a running run's: live_series.LIVE_POINTS)
 
 
 def per_epoch(key: str) -> bool:
@@ -65,50 +66,6 @@ def chart_keys(spec: ChartSpec, available: Sequence[str]) -> list[str]:
     return keys
 
 
-class LiveSeries:
-    """A running run's series held in session state and extended with only the new points."""
-
-    def __init__(self, run_id: str):
-        self.run_id = run_id
-        self.steps: dict[str, list[int]] = {}
-        self.values: dict[str, list[float]] = {}
-
-    @classmethod
-    def of(cls, run_id: str) -> LiveSeries:
-        k = f"run.live.{run_id}"
-        if k not in st.session_state:
-            st.session_state[k] = cls(run_id)
-        return st.session_state[k]
-
-    def update(self, keys: Sequence[str]) -> None:
-        engine = queries.engine()
-        for key in keys:
-            held = self.steps.get(key)
-            if not held or len(held) > 2 * LIVE_POINTS:  # first fetch, or time to re-downsample
-                s = repo.series(engine, self.run_id, key, max_points=LIVE_POINTS)
-                self.steps[key], self.values[key] = list(s.steps), list(s.values)
-                continue
-            s = repo.series(engine, self.run_id, key, since_step=held[-1], max_points=LIVE_POINTS)
-            held.extend(s.steps)
-            self.values[key].extend(s.values)
-
-    def get(self, key: str) -> tuple[Sequence[int], Sequence[float]]:
-        return self.steps.get(key, []), self.values.get(key, [])
-
-
-def series_getter(r: RunRecord, keys: Sequence[str]) -> Callable[[str], tuple[Sequence[int], Sequence[float]]]:
-    if not r.finished:
-        live = LiveSeries.of(r.id)
-        live.update(keys)
-        return live.get
-
-    def get(key: str) -> tuple[Sequence[int], Sequence[float]]:
-        s = queries.final_series(r, key, MAX_POINTS)
-        return s.steps, s.values
-
-    return get
-
-
 def steps_per_epoch(r: RunRecord, last_step: int | None) -> float | None:
     epochs = (r.spec.get("train") or {}).get("epochs")
     if not epochs or not r.progress or not last_step:
@@ -116,30 +73,81 @@ def steps_per_epoch(r: RunRecord, last_step: int | None) -> float | None:
     return last_step / (r.progress * epochs)
 
 
-def figures(r: RunRecord, available: Sequence[str], xmode: str, smoothing: float,
-            charts: Sequence[ChartSpec] = CHARTS) -> list[tuple[str, go.Figure]]:
-    """One figure per chart that has data."""
-    wanted = {spec.title: chart_keys(spec, available) for spec in charts}
-    get = series_getter(r, sorted({k for keys in wanted.values() for k in keys}))
+Getter = Callable[[str], tuple[Sequence[int], Sequence[float]]]
+
+
+def _chart(r: RunRecord, spec: ChartSpec, keys: Sequence[str], get: Getter, anchors, xmode: str,
+           smoothing: float) -> Chart | None:
     started = r.started_at.timestamp() if r.started_at else None
-    anchors = queries.epoch_anchors(r.id) if xmode != "step" else []
-    last = anchors[-1][0] if anchors else None
-    to_x = step_mapper(anchors, xmode, started, steps_per_epoch(r, last)) if xmode != "step" or anchors else None
+    to_x = None
+    if xmode != "step" and anchors:
+        to_x = step_mapper(anchors, xmode, started, steps_per_epoch(r, anchors[-1][0]))
+    traces = []
+    for key in keys:
+        steps, values = get(key)
+        if not steps:
+            continue
+        if spec.system:
+            x = [s - (started or steps[0]) for s in steps]
+        else:
+            x = to_x(steps) if to_x else list(steps)
+        traces.append(Trace(key, x, values, markers=per_epoch(key)))
+    if not traces:
+        return None
+    fig = line_dict(spec.title, traces, x_title=X_TITLES["time"] if spec.system else X_TITLES[xmode],
+                    uirevision=f"{r.id}:{spec.title}:{xmode}", smoothing=smoothing if spec.smooth else 0.0,
+                    log_y=spec.log_y)
+    return chart(spec.title, fig)
+
+
+def wait_for_more(run_id: str, counts: dict[str, int], chart_key: str) -> None:
+    """After a timer's refresh has sent the charts of `counts`: wait, on the server, until a series grows
+    (a click cuts the wait short; at most live_series.WAIT_S), so that the browser redraws when there is
+    something new rather than every few hundred milliseconds. The charts just sent reach the browser
+    meanwhile: a fragment's messages stream while it runs."""
+    if live_series.fragment_rerun() and not asked_again(chart_key):
+        live = live_series.shared(queries.db_url(), run_id)
+        live.wait_for_growth(queries.engine(), counts, live_series.WAIT_S, live_series.preempted)
+
+
+def live_figures(r: RunRecord, xmode: str, smoothing: float) -> tuple[list[Chart], dict[str, int]]:
+    """A running run's charts, and each metric key's point count."""
+    engine = queries.engine()
+    live = live_series.shared(queries.db_url(), r.id)
+    counts = live.refresh(engine)
+    anchors = live.anchors(engine, (counts.get(n.EPOCH_TIME), counts.get(n.TRAIN_LOSS))) if xmode != "step" else []
+    spe = steps_per_epoch(r, anchors[-1][0]) if anchors and xmode == "epoch" else None
     out = []
-    for spec in charts:
-        traces = []
-        for key in wanted[spec.title]:
-            steps, values = get(key)
-            if not steps:
-                continue
-            if spec.system:
-                x = [s - (started or steps[0]) for s in steps]
-            else:
-                x = to_x(steps) if to_x else list(steps)
-            traces.append(Trace(key, x, values, markers=per_epoch(key)))
-        if traces:
-            x_title = X_TITLES["time"] if spec.system else X_TITLES[xmode]
-            fig = line_figure(spec.title, traces, x_title=x_title, uirevision=f"{r.id}:{spec.title}:{xmode}",
-                              smoothing=smoothing if spec.smooth else 0.0, log_y=spec.log_y)
-            out.append((spec.title, fig))
-    return out
+    for spec in CHARTS:
+        keys = chart_keys(spec, sorted(counts))
+        if not keys:
+            continue
+        version = (spec.title, xmode, smoothing, tuple((k, counts[k]) for k in keys),
+                   len(anchors) if xmode != "step" else 0, spe, r.started_at)
+        c = live.built(version, lambda spec=spec, keys=keys: _chart(r, spec, keys, live.get, anchors, xmode, smoothing))
+        if c is not None:
+            out.append(c)
+    return out, counts
+
+
+@st.cache_data(ttl=600, show_spinner=False, max_entries=64)
+def _final_figures(url: str, run_id: str, finished_at, xmode: str, smoothing: float) -> list[Chart]:
+    r = queries.run(run_id)
+    if r is None:
+        return []
+    keys = queries.metric_keys(r)
+    anchors = queries.epoch_anchors(r.id) if xmode != "step" else []
+
+    def get(key: str) -> tuple[Sequence[int], Sequence[float]]:
+        s = queries.final_series(r, key, MAX_POINTS)
+        return s.steps, s.values
+
+    out = [_chart(r, spec, chart_keys(spec, keys), get, anchors, xmode, smoothing) for spec in CHARTS]
+    return [c for c in out if c is not None]
+
+
+def figures(r: RunRecord, xmode: str, smoothing: float) -> tuple[list[Chart], dict[str, int] | None]:
+    """The run's charts; for a running run, each metric key's point count as well."""
+    if r.finished:
+        return _final_figures(queries.db_url(), r.id, r.finished_at, xmode, smoothing), None
+    return live_figures(r, xmode, smoothing)

@@ -114,15 +114,42 @@ def _decoded(value: Any) -> Any:
     return value
 
 
-def plotly_figures(at: Any) -> dict[str, dict]:
-    """The page's Plotly figures by title (the parallel-coordinates one as "parallel"): those of
-    st.plotly_chart and those of the live-chart component (app/ui/live_chart.py)."""
+_SENT_SPECS: dict[str, str] = {}  # stamp -> figure: the live-chart component sends a figure once per session
+
+
+def _live_specs(at: Any) -> list[str] | None:
+    """The figures the live-chart components (app/ui/live_chart.py) show, or None when one was sent in an
+    earlier run this helper did not see (a refresh sends only the stamp of a figure the frame holds)."""
     import json
 
+    specs = []
+    for el in at.get("component_instance"):
+        if el.proto.component_name.endswith("torchdeck_live_chart"):
+            for chart in json.loads(el.proto.json_args)["charts"]:
+                if chart["spec"] is not None:
+                    _SENT_SPECS[chart["stamp"]] = chart["spec"]
+                if chart["stamp"] not in _SENT_SPECS:
+                    return None
+                specs.append(_SENT_SPECS[chart["stamp"]])
+    return specs
+
+
+def plotly_figures(at: Any) -> dict[str, dict]:
+    """The page's Plotly figures by title (the parallel-coordinates one as "parallel"): those of
+    st.plotly_chart and those of the live-chart component. Where the component was sent a figure in a
+    run not seen here, this asks for them all again as the browser would (the component's value, a
+    new nonce) and reruns."""
+    import json
+    import uuid
+
     specs = [el.proto.spec for el in at.get("plotly_chart")]
-    specs += [chart["spec"] for el in at.get("component_instance")
-              if el.proto.component_name.endswith("torchdeck_live_chart")
-              for chart in json.loads(el.proto.json_args)["charts"]]
+    live = _live_specs(at)
+    if live is None:
+        for key in ("run.charts", "compare.live_charts"):
+            at.session_state[key] = uuid.uuid4().hex
+        at.run()
+        live = _live_specs(at)
+    specs += live
     out = {}
     for spec in specs:
         fig = _decoded(json.loads(spec))

@@ -11,7 +11,7 @@ import pytest
 import streamlit as st
 from seeding import plotly_figures, seed_evaluation, seed_run
 
-from app.ui import run_charts
+from app.ui import live_series, run_charts
 from db import repo
 from db.types import MetricPoint
 
@@ -49,7 +49,7 @@ def test_finished_run_shows_status_best_and_charts_by_step_and_epoch(page, engin
     figs = _figures(at)
     assert {"Loss", "Accuracy", "Epoch time (s)"} <= set(figs)
     assert _trace(figs["Loss"], "val/loss")["x"] == [10, 20, 30, 40]
-    assert "run.live." + r.id not in at.session_state  # a finished run is never polled
+    assert not any(run_id == r.id for _, run_id in live_series._registry()[1])  # a finished run is never polled
     at.segmented_control(key="run.xmode").set_value("epoch").run()
     val = _trace(_figures(at)["Loss"], "val/loss")
     assert val["x"] == pytest.approx([1, 2, 3, 4])
@@ -59,13 +59,13 @@ def test_finished_run_shows_status_best_and_charts_by_step_and_epoch(page, engin
 def test_running_run_fetches_only_new_points(page, engine, monkeypatch):
     r = seed_run(engine, "live", status="running", steps=30, epochs=1)
     calls = []
-    real = run_charts.repo.series
+    real = run_charts.repo.series_many
 
-    def spy(engine, run_id, key, since_step=None, max_points=2000):
-        calls.append((key, since_step))
-        return real(engine, run_id, key, since_step=since_step, max_points=max_points)
+    def spy(engine, run_id, since, max_points=2000):
+        calls.extend(since.items())
+        return real(engine, run_id, since, max_points=max_points)
 
-    monkeypatch.setattr(run_charts.repo, "series", spy)
+    monkeypatch.setattr(run_charts.repo, "series_many", spy)
     at = page("run.py", id=r.id)
     assert ("train/loss", None) in calls
     assert any("Cancel" == b.label for b in at.button)
@@ -74,6 +74,7 @@ def test_running_run_fetches_only_new_points(page, engine, monkeypatch):
     repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, 0.1, 2) for s in (31, 32)])
     at.run()
     assert ("train/loss", 30) in calls  # since the last step held: only the new points
+    assert all(key == "train/loss" for key, _ in calls)  # and only of the series that grew
     loss = _trace(_figures(at)["Loss"], "train/loss")
     assert loss["x"][-2:] == [31, 32]
 

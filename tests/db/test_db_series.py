@@ -146,3 +146,17 @@ def test_compare_puts_runs_side_by_side(engine: Engine) -> None:
     assert len(result.series[b.id]["acc"]) == 50
     with pytest.raises(repo.RunNotFound):
         repo.compare(engine, [a.id, "nosuchrun"], ["loss"])
+
+
+def test_a_live_view_learns_which_series_grew_and_reads_them_in_one_go(engine: Engine) -> None:
+    run = repo.create_run(engine, SPEC)
+    assert repo.series_counts(engine, run.id) == {}
+    _append(engine, run.id, {s: 1.0 for s in range(1, 11)}, key="train/loss")
+    _append(engine, run.id, {10: 0.5}, key="val/loss")
+    assert repo.series_counts(engine, run.id) == {"train/loss": 10, "val/loss": 1}
+    _append(engine, run.id, {11: 0.9, 12: 0.8}, key="train/loss")
+    assert repo.series_counts(engine, run.id)["train/loss"] == 12
+    got = repo.series_many(engine, run.id, {"train/loss": 10, "val/loss": None})
+    assert list(got["train/loss"].steps) == [11, 12] and list(got["train/loss"].values) == [0.9, 0.8]
+    assert list(got["val/loss"].steps) == [10]
+    assert repo.series_counts(engine, "no-such-run") == {}
