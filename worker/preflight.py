@@ -46,18 +46,21 @@ def run(spec_path: Path, out: Path, overfit: bool = False,
     t0 = time.perf_counter()
     spec = load_spec(spec_path)
     # Imported here, not at module level: only this subprocess pays for torch.
+    import torch
+
     from core.data import load_data
     from core.models import build_model
     from core.preflight import ShapeError, check_shapes, sample_grid
     from core.train import resolve_device
 
+    torch.manual_seed(spec.seed)  # the same spec gets the same model, so the same verdict, whatever ran before
     data = load_data(spec.data, spec.seed)
     info = data.info
     result: dict = {"data": {"name": info.name, "classes": info.class_names, "train": info.num_train,
                              "val": info.num_val, "channels": info.channels, "image_size": info.image_size,
                              "skipped": info.skipped}}
     sample_grid(data, out / "samples.png")
-    model = build_model(spec.model, info.num_classes, info.channels, info.image_size)
+    model = build_model(spec.model, info.num_classes, info.channels, info.image_size, class_names=info.class_names)
     result["model"] = {"name": spec.model.name, "parameters": sum(p.numel() for p in model.parameters()),
                        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     device = resolve_device(spec)
