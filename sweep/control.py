@@ -74,6 +74,8 @@ def advance(engine: Engine, sweep_id: str, send: Send) -> list[RunRecord]:
             return queued  # (every reaper round comes here: no metric is read until a slot is free)
         state = load_state(engine, sweep, runs)
         number = len(state.trials)
+        if number >= spec.trials:
+            continue  # another process took the last trial between the two reads: the next round may end it
         params, attrs = study.ask(state)
         to_create = [(spec.run_spec(params, i, run_name(sweep, number, i, spec.seeds)).model_dump(mode="json"),
                       run_name(sweep, number, i, spec.seeds)) for i in range(spec.seeds)]

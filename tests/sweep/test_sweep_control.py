@@ -163,3 +163,32 @@ def test_a_sweeps_tags_go_to_every_trial_and_survive_a_yaml_round_trip(engine) -
     assert control.spec_of(repo.get_sweep(engine, sweep.id)).tags == ["lr-study", "team-a"]
     with pytest.raises(ValueError, match="tag"):
         control.create(engine, spec, owner="ana", send=queue, tags=["x" * 65])
+
+
+def test_a_trial_taken_by_another_process_between_reads_never_makes_one_too_many(engine, monkeypatch) -> None:
+    """Two workers advance at once: the other takes the last trial after this one counted the trials and
+    before it read the sweep's state. The sweep still has exactly its grid's trials."""
+    sweep = control.create(engine, sweep_spec(budget={"parallel": 1}), owner="ana", send=Queue())
+    real_load, raced = control.load_state, []
+
+    def load_after_a_rival(engine_, sweep_, runs=None):
+        if len(repo.trials(engine_, sweep_.id)) == 7 and not raced:
+            raced.append(True)
+            monkeypatch.setattr(control, "load_state", real_load)
+            for run in repo.sweep_runs(engine_, sweep_.id):  # the rival sees every slot free and takes trial 7
+                if run.status == "queued":
+                    repo.claim_run(engine_, run.id, "w2")
+                    repo.finish_run(engine_, run.id, "completed", summary={})
+            control.advance(engine_, sweep_.id, Queue())
+            monkeypatch.setattr(control, "load_state", load_after_a_rival)
+        return real_load(engine_, sweep_, runs)
+
+    monkeypatch.setattr(control, "load_state", load_after_a_rival)
+    for _ in range(7):
+        for run in repo.sweep_runs(engine, sweep.id):
+            if run.status == "queued":
+                repo.claim_run(engine, run.id, "w1")
+                repo.finish_run(engine, run.id, "completed", summary={})
+        control.advance(engine, sweep.id, Queue())
+    assert raced
+    assert [t.number for t in repo.trials(engine, sweep.id)] == list(range(8))

@@ -161,13 +161,23 @@ class Stack:
                 kids = psutil.Process(worker.pid).children()
             except psutil.NoSuchProcess:
                 return None
-            spawned = [k for k in kids if "spawn_main" in " ".join(k.cmdline()) and k.status() != psutil.STATUS_ZOMBIE]
+            spawned = [k for k in kids if _live_spawned(k)]
             return min(spawned, key=lambda k: k.create_time()) if spawned else None
 
         return wait_for(find, timeout, f"worker {worker.pid} has no run process\n{self.logs()}")
 
     def run_dir(self, run_id: str) -> Path:
         return self.home / "artifacts" / "runs" / run_id
+
+
+def _live_spawned(proc) -> bool:
+    """A spawned child that is still alive: one that ends (or turns zombie) while being read is not."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return False
 
 
 @pytest.fixture(params=("sqlite", "postgres"))
