@@ -29,6 +29,7 @@ SORT_COLUMNS = {
     "status": Run.status,
     "attempt": Run.attempt,
 }
+NULLABLE_SORTS = frozenset(k for k, c in SORT_COLUMNS.items() if c.nullable)
 METRIC_SORT_PREFIX = "metric:"  # "metric:val/acc" sorts by that metric's last value
 MAX_PAGE = 1000
 
@@ -131,8 +132,12 @@ def _ordered(query: Any, sort: str, descending: bool) -> Any:
             f"cannot sort by {sort!r}; use one of {', '.join(SORT_COLUMNS)} or 'metric:<key>'"
         )
     ordering = column.desc() if descending else column.asc()
-    # Same order on both backends: SQLite and Postgres disagree on where NULLs go.
-    return query.order_by(ordering.nulls_last(), Run.id.desc() if descending else Run.id.asc())
+    if sort in NULLABLE_SORTS or sort.startswith(METRIC_SORT_PREFIX):
+        # Same order on both backends: SQLite and Postgres disagree on where NULLs go.
+        ordering = ordering.nulls_last()
+    # A column that is never NULL is ordered plainly: the database then reads the page from an index
+    # (ix_run_created_at_id for the default order) instead of sorting every matching run.
+    return query.order_by(ordering, Run.id.desc() if descending else Run.id.asc())
 
 
 def owners_and_tags(engine: Engine) -> tuple[list[str], list[str]]:

@@ -88,6 +88,9 @@ class Run(Base):
     __table_args__ = (
         CheckConstraint(f"status IN ({_in(RUN_STATUSES)})", name="status"),
         CheckConstraint("attempt >= 0", name="attempt"),
+        # The Runs page's default order (newest first, ties by id): its first page is read from this index
+        # however many runs there are, filtered or not.
+        Index("ix_run_created_at_id", "created_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
@@ -96,7 +99,7 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     spec_hash: Mapped[str] = mapped_column(String(64), index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

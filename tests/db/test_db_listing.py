@@ -132,3 +132,30 @@ def test_bad_listing_arguments_say_what_is_allowed(engine: Engine) -> None:
         repo.list_runs(engine, limit=0)
     with pytest.raises(ValueError, match="offset"):
         repo.list_runs(engine, offset=-1)
+
+
+def test_the_newest_first_page_is_read_from_an_index_filtered_or_not(engine: Engine, runs: dict) -> None:
+    """However many runs there are, the default page never sorts them all: the database walks the
+    (created_at, id) index and stops after the page (its plan has no sort step)."""
+    pages: list[tuple[str, object]] = []
+
+    def keep(conn, cursor, statement, parameters, *args) -> None:  # noqa: ANN001
+        if statement.lstrip().upper().startswith("SELECT RUN.ID"):
+            pages.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        repo.list_runs(engine, limit=2)
+        repo.list_runs(engine, limit=2, expression="val/acc > 0.6")
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    assert len(pages) == 2
+    with engine.connect() as conn:
+        for statement, params in pages:
+            if engine.dialect.name == "sqlite":
+                plan = " | ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params))
+                assert "ix_run_created_at_id" in plan and "TEMP B-TREE" not in plan, plan
+            elif statement == pages[0][0]:  # Postgres weighs a filter by its statistics: only the plain page
+                conn.exec_driver_sql("SET enable_seqscan = off")  # a six-run table: the planner would scan it
+                plan = " | ".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, params))
+                assert "ix_run_created_at_id" in plan and "Sort" not in plan.replace("Incremental Sort", ""), plan
