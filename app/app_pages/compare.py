@@ -22,7 +22,14 @@ K = frame.page_state("cmp")
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
 # Points per run and chart: 20 overlaid runs × 500 points already exceed a chart's pixel columns.
 MAX_POINTS = 500
-MAX_RUNS = 20  # runs compared at once (the URL may name more: the first ones are taken)
+CHART_POINTS = 20_000  # beyond 40 runs each run gets fewer points, so a chart draws about this many in all
+MAX_RUNS = 100  # runs compared at once (the URL may name more: the first ones are taken)
+
+
+def points_per_run(n_runs: int) -> int:
+    """MAX_POINTS per run up to 40 runs, then fewer (never under 100): 100 runs × 200 points still give each
+    run a point every few pixels, and the browser draws a chart in a fraction of a second."""
+    return max(100, min(MAX_POINTS, CHART_POINTS // max(n_runs, 1)))
 
 
 def choose_runs() -> list[str]:
@@ -115,7 +122,7 @@ def curve_charts(runs, groups: list[cg.Group] | None, choice: CurveChoice, live:
     if live:
         runs = cv.fresh_runs([r.id for r in runs])
         groups = None if groups is None else cg.refreshed(groups, runs)
-    series = cv.load_series(runs, choice.keys, MAX_POINTS)
+    series = cv.load_series(runs, choice.keys, points_per_run(len(runs)))
     keys, xmode, smoothing, log_y = choice.keys, choice.xmode, choice.smoothing, choice.log_y
     if groups is None:
         figs = cv.curve_figures(runs, series, keys, xmode, smoothing, log_y)

@@ -141,6 +141,9 @@ def load_series(runs: Sequence[RunRecord], keys: Sequence[str], max_points: int)
     return out
 
 
+LEGEND_RUNS = 20  # more runs than this on a chart: no legend, hover a line for its run
+
+
 def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], xmode: str,
                   smoothing: float, log_y: bool = False) -> list[tuple[str, go.Figure]]:
     labels = _labels(runs)
@@ -155,9 +158,12 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             traces.append(charts.Trace(label, x_values(r, s, key, mappers[r.id], xmode), s.values,
                                        markers=per_epoch(key), color=charts.PALETTE[i % len(charts.PALETTE)]))
         if traces:
-            out.append((key, charts.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
-                                                uirevision=f"compare:{key}:{xmode}:{log_y}", height=340,
-                                                log_y=log_y, x_dates=xmode == "wall")))
+            fig = charts.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
+                                     uirevision=f"compare:{key}:{xmode}:{log_y}", height=340, log_y=log_y,
+                                     x_dates=xmode == "wall")
+            if len(traces) > LEGEND_RUNS:  # a legend of 100 names would bury the chart: hover names the run
+                fig.update_layout(showlegend=False, hovermode="closest")
+            out.append((key, fig))
     return out
 
 

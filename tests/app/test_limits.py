@@ -1,7 +1,7 @@
 """What the dashboard holds stays bounded whatever a run or a user sends it: uploads of images whose few KB
 declare gigapixels are refused naming the file and the limit; evaluations of many classes show the most
 confused pairs instead of a matrix; the Run page keeps only the events it shows (and the newest ones, however
-many a run has); Compare takes at most 20 runs from a URL and says so."""
+many a run has); Compare takes at most 100 runs from a URL and says so."""
 
 from __future__ import annotations
 
@@ -197,23 +197,34 @@ def test_findings_are_kept_up_to_their_cap(page, engine):
 # --- compare ----------------------------------------------------------------------------------------------
 
 
-def test_compare_with_25_ids_shows_the_first_20_and_says_so(page, engine):
+def test_compare_with_105_ids_shows_the_first_100_and_says_so(page, engine):
     from app.app_pages.compare import MAX_RUNS
 
-    assert MAX_RUNS == 20
-    runs = [seed_run(engine, f"run-{i:02d}", steps=4, epochs=1, lr=0.001 * (i + 1)) for i in range(25)]
+    assert MAX_RUNS == 100
+    runs = [seed_run(engine, f"run-{i:03d}", steps=4, epochs=1, lr=0.001 * (i + 1)) for i in range(105)]
     ids = [r.id for r in runs]
     at = page("compare.py", ids=",".join(ids))
     assert not at.exception
     warnings = " ".join(w.value for w in at.warning)
-    assert "at most 20 runs" in warnings and "the first 20 of the 25 named" in warnings, warnings
-    assert at.multiselect(key="cmp.ids").value == ids[:20]
-    curves = plotly_figures(at)["train/loss"]["data"]
-    assert [t["name"] for t in curves] == [f"run-{i:02d}" for i in range(20)]
+    assert "at most 100 runs" in warnings and "the first 100 of the 105 named" in warnings, warnings
+    assert at.multiselect(key="cmp.ids").value == ids[:100]
+    figure = plotly_figures(at)["train/loss"]
+    assert [t["name"] for t in figure["data"]] == [f"run-{i:03d}" for i in range(100)]
+    # 100 names would bury the chart under its legend: hovering a line names its run instead.
+    assert figure["layout"]["showlegend"] is False and figure["layout"]["hovermode"] == "closest"
 
 
-def test_compare_with_20_ids_shows_them_all_without_a_warning(page, engine):
+def test_compare_with_20_ids_shows_them_all_with_their_legend(page, engine):
     ids = [seed_run(engine, f"r{i}", steps=2, epochs=1).id for i in range(20)]
     at = page("compare.py", ids=",".join(ids))
     assert not at.exception and not any("at most" in w.value for w in at.warning)
     assert at.multiselect(key="cmp.ids").value == ids
+    assert plotly_figures(at)["train/loss"]["layout"].get("showlegend") is not False
+
+
+def test_many_compared_runs_get_fewer_points_each_but_never_too_few():
+    from app.app_pages.compare import MAX_POINTS, points_per_run
+
+    assert points_per_run(2) == points_per_run(40) == MAX_POINTS
+    assert points_per_run(100) == 200 and 100 * points_per_run(100) <= 40 * MAX_POINTS
+    assert points_per_run(10_000) == 100
