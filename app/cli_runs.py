@@ -67,7 +67,7 @@ def submit(
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
     and the broker's credentials, as an operator: it is not signed in."""
-    from app.services import submit as do_submit
+    from app.services import run_queue, submit as do_submit
 
     run_spec = load_spec_or_exit(spec, overrides)
     try:
@@ -75,8 +75,8 @@ def submit(
     except (RuntimeError, ValueError) as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"queued on '{run_spec.resource}': {run.name or '(unnamed)'}")
-    _say_who_serves(run_spec.resource)
+    typer.echo(f"queued on '{run_queue(run_spec)}': {run.name or '(unnamed)'}")
+    _say_who_serves(run_queue(run_spec))
     typer.echo(run.id)
 
 
@@ -170,19 +170,25 @@ WORKERS_HELP = ("CPU workers side by side on this machine, each running one run,
                 "is the rule: on a GPU host give --queues cpu for CPU workers.")
 
 
+MULTI_GPU_HELP = ("ONE worker owning all of --gpus (e.g. --gpus 0,1,2,3 --multi-gpu) for runs of resources.gpus 2 to "
+                  "N (queues gpu-x2 .. gpu-xN); single-GPU runs stay with one worker per GPU, started separately.")
+
+
 def worker(
     gpus: Annotated[str | None, typer.Option(help="GPU indices, e.g. 0,1: one worker process per GPU.")] = None,
     queues: Annotated[str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")] = None,
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also start this host's CPU-only worker for the "
                                        "dashboard's pre-flight and export jobs (the `jobs` queue).")] = True,
     workers: Annotated[int | None, typer.Option("--workers", help=WORKERS_HELP + " [default: 1]")] = None,
+    multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help=MULTI_GPU_HELP)] = False,
 ) -> None:
-    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or --workers CPU
-    workers, plus one small worker for the dashboard's jobs (pre-flight, export now)."""
+    """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one owning all of
+    --gpus for multi-GPU runs (--multi-gpu), or --workers CPU workers, plus one small worker for the dashboard's
+    jobs (pre-flight, export now)."""
     from app.launcher import ProcessGroup, jobs_worker_command
 
     qs = [q.strip() for q in queues.split(",")] if queues else None
-    commands = _worker_commands(gpus, qs, workers)  # refuses before anything starts
+    commands = _worker_commands(gpus, qs, workers, multi_gpu)  # refuses before anything starts
     _engine()  # refuses an out-of-date schema before anything starts
     group = ProcessGroup()
     names = []
@@ -198,9 +204,9 @@ def worker(
     _wait(group)
 
 
-def _worker_commands(gpus: str | None, qs: list[str] | None, workers: int | None):
-    """The worker processes of `torchdeck worker`; exit 2 with the reason when --workers does not fit.
-    `--queues cpu --workers N` without --gpus asks for CPU workers, even on a GPU host."""
+def _worker_commands(gpus: str | None, qs: list[str] | None, workers: int | None, multi_gpu: bool = False):
+    """The worker processes of `torchdeck worker`; exit 2 with the reason when --workers or --multi-gpu does not
+    fit. `--queues cpu --workers N` without --gpus asks for CPU workers, even on a GPU host."""
     from app.launcher import gpu_count, worker_commands
 
     if gpus:
@@ -210,7 +216,7 @@ def _worker_commands(gpus: str | None, qs: list[str] | None, workers: int | None
     else:
         gpu_list = list(range(gpu_count()))
     try:
-        return worker_commands(gpu_list, qs, cpu_workers=1 if workers is None else workers)
+        return worker_commands(gpu_list, qs, cpu_workers=1 if workers is None else workers, multi_gpu=multi_gpu)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
@@ -293,13 +299,15 @@ def _up_workers(workers: int) -> tuple[list, str]:
     """The local workers of `torchdeck up` (queues gpu and cpu) and the line that describes them; exit 2 with
     the reason when --workers does not fit. A GPU machine runs one local worker, which sees every GPU."""
     from app.launcher import gpu_count, worker_commands
+    from core.names import multi_gpu_queues
 
     gpus = gpu_count()
     try:
         if workers > 1 and gpus:
             raise ValueError(f"--workers {workers}: this machine has {gpus} GPU(s), and `torchdeck up` runs one local "
                              "worker that owns them (one worker per GPU is the rule); --workers is for CPU-only machines")
-        commands = worker_commands(None, ["gpu", "cpu"], cpu_workers=workers)
+        # The one local worker sees every GPU of the machine: it takes the runs of 2..N GPUs too.
+        commands = worker_commands(None, ["gpu", "cpu", *multi_gpu_queues(gpus)], cpu_workers=workers)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None

@@ -66,6 +66,7 @@ def _read(path: Path) -> str:
 
 def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None) -> None:
     from app.cli_runs import _engine, _say_who_serves, cli_owner
+    from app.services import run_queue
     from app.sweeps import estimate, submit_sweep
 
     spec = load_sweep_or_exit(spec_path, space_path, overrides)
@@ -77,7 +78,7 @@ def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name
         _fail(str(e))
     typer.echo(f"sweep '{sweep.name}': {spec.method}, {spec.trials} trials, {spec.budget.parallel} at once, "
                f"pruner {spec.pruner.kind}, objective {spec.metric} ({spec.mode})")
-    _say_who_serves(spec.base.resource)
+    _say_who_serves(run_queue(spec.base))
     typer.echo(sweep.id)
 
 

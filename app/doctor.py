@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from core.names import JOBS_QUEUE, queue_for
+from app import queue_words
+from core.names import JOBS_QUEUE, MAX_RUN_GPUS, MULTI_GPU_PREFIX, RUN_QUEUES, gpus_offered, multi_gpu_queues, queue_of
 
 # A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
 CONNECT_TIMEOUT_S = 5
@@ -155,7 +156,9 @@ def check_broker() -> tuple[Check, dict[str, int]]:
         return Check("broker", False, f"{shown}: not a valid Redis URL ({_first_line(e)})", fix), {}
     try:
         client.ping()
-        waiting = {q: int(client.llen(q)) for q in ("gpu", "cpu")}
+        waiting = {q: int(client.llen(q)) for q in RUN_QUEUES}
+        # The multi-GPU queues (gpu-x2 ..) are named only when a message waits there: most hosts have none.
+        waiting.update({q: n for q in multi_gpu_queues(MAX_RUN_GPUS) if (n := int(client.llen(q)))})
     except redis.AuthenticationError as e:
         return Check("broker", False, f"{shown}: Redis refused the password: {_first_line(e)}",
                      "put Redis's password (REDIS_PASSWORD) in TORCHDECK_BROKER_URL: redis://:PASSWORD@HOST:6379/0"), {}
@@ -204,14 +207,14 @@ def check_workers(engine) -> list[Check]:
                  "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`")
     checks: list[Check] = []
     for w, age in live:
-        gpu_queue = "gpu" in w.queues
+        gpu_queue = gpus_offered(w.queues) > 0  # gpu, or the gpu-xN queues of a multi-GPU worker
         has_gpu = any(d.get("kind") == "gpu" for d in w.devices)
         ok = has_gpu or not gpu_queue
         checks.append(Check(
             f"worker {w.id}", ok,
             f"on {w.hostname}, queues {', '.join(w.queues) or '-'}, {_device_text(w.devices)}, "
             f"heartbeat {age:.0f} s ago" + (f", running {w.current_run_id}" if w.current_run_id else ""),
-            "" if ok else "it consumes the gpu queue but sees no GPU: give its container the NVIDIA runtime "
+            "" if ok else "it consumes a gpu queue but sees no GPU: give its container the NVIDIA runtime "
             "(deploy.resources.reservations.devices in docker-compose.yml, NVIDIA Container Toolkit on the "
             "host) and check CUDA_VISIBLE_DEVICES"))
     stale_note = [f"{len(stale)} worker(s) not seen for more than {stale_after:.0f} s (stopped or gone): "
@@ -221,16 +224,7 @@ def check_workers(engine) -> list[Check]:
                             start_fix, stale_note))
         return checks
     consumed = {q for w, _ in live for q in w.queues}
-    waiting: dict[str, int] = {}
-    for r in queued:
-        q = queue_for((r.spec or {}).get("device"))
-        waiting[q] = waiting.get(q, 0) + 1
-    orphaned = {q: n for q, n in waiting.items() if q not in consumed}
-    if orphaned:
-        what = ", ".join(f"{n} queued run(s) need the {q} queue" for q, n in orphaned.items())
-        checks.append(Check("workers", False, f"{what}, which no live worker consumes", start_fix, stale_note))
-    else:
-        checks.append(Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note))
+    checks.append(_queues_check([w for w, _ in live], queued, start_fix, stale_note))
     if JOBS_QUEUE not in consumed:
         checks.append(Check("jobs", False, "no live worker serves the jobs queue: the dashboard's pre-flight and "
                             "'Export now' wait for one wherever the dashboard cannot run them itself (the "
@@ -238,6 +232,23 @@ def check_workers(engine) -> list[Check]:
                             "`torchdeck worker` starts a jobs worker next to its run workers (unless --no-jobs); "
                             "team mode: `docker compose up -d worker-cpu`"))
     return checks
+
+
+def _queues_check(live: list, queued: list, start_fix: str, stale_note: list[str]) -> Check:
+    """Whether every queue with queued runs has a live worker; a multi-GPU queue (gpu-xN) nobody consumes is told
+    its own command (a worker owning N GPUs), since a GPU worker of fewer GPUs never takes it."""
+    consumed = {q for w in live for q in w.queues}
+    waiting: dict[str, int] = {}
+    for r in queued:
+        q = queue_of(r.spec)
+        waiting[q] = waiting.get(q, 0) + 1
+    orphaned = {q: n for q, n in waiting.items() if q not in consumed}
+    if not orphaned:
+        return Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note)
+    what = ", ".join(f"{n} queued run(s) need the {q} queue" for q, n in orphaned.items())
+    most = max((gpus_offered(w.queues) for w in live), default=0)
+    fixes = [queue_words.fix(q, most) for q in orphaned if q.startswith(MULTI_GPU_PREFIX)]
+    return Check("workers", False, f"{what}, which no live worker consumes", "; ".join(fixes) or start_fix, stale_note)
 
 
 # --- artifact store -------------------------------------------------------------------------------

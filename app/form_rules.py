@@ -97,6 +97,7 @@ LABELS: dict[str, str] = {
     "loader.num_workers": "Loader processes",
     "loader.pin_memory": "Pinned host memory",
     "loader.device_cache_mb": "Keep on the device up to",
+    "resources.gpus": "GPUs (processes) for this run",
     "seed": "Seed",
     "deterministic": "Deterministic algorithms (slower)",
     "device": "Device",
@@ -125,6 +126,8 @@ _ADVANCED: frozenset[str] = frozenset({
     "train.diag_every", "train.overfit_check", "train.overfit_steps", "train.detect_anomaly",
     "export.atol", "export.parity_samples", "export.opset",
     "deterministic", "compile",
+    # Most runs use one GPU; more asks for a worker owning that many (torchdeck worker --gpus ... --multi-gpu).
+    "resources.gpus",
 })
 
 

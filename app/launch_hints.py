@@ -3,7 +3,8 @@
 - Similar runs: finished successful runs with the same dataset (for an image folder, the same folder) and model.
 - Time: the form's epochs × the median seconds per epoch of the similar runs (their summaries), as sweeps do.
 - Memory: the peak (`mem/peak_mb`) of the similar run closest in batch size and image size, newest first.
-- Workers: which live workers serve the run's queue (app.services.queue_status).
+- Workers: which live workers serve the run's queue (app.services.queue_status); for a run of N GPUs (queue gpu-xN)
+  that no live worker offers, the most one does and the command that starts one.
 - Start from a run's weights: finished successful runs that have a best checkpoint on this host; choosing one
   suggests feature extraction first, the whole backbone unfrozen later, at a 10× smaller learning rate.
 """
@@ -20,7 +21,7 @@ from urllib.parse import unquote, urlparse
 from sqlalchemy import Engine
 
 from app import services
-from core.names import CHECKPOINT_BEST, CHECKPOINT_FILES, PEAK_MEMORY, SUCCESS_STATUSES, queue_for
+from core.names import CHECKPOINT_BEST, CHECKPOINT_FILES, CPU_QUEUE, PEAK_MEMORY, SUCCESS_STATUSES, queue_for
 from db import repo
 from db.types import RunRecord
 
@@ -103,15 +104,28 @@ class WorkerHint:
     text: str
 
 
-def worker_hint(queue: str, engine: Engine) -> WorkerHint:
-    """Which live workers would take the run, or that none would and how to start one."""
+def worker_hint(queue: str, engine: Engine, processes: int = 1) -> WorkerHint:
+    """Which live workers would take the run, or that none would and how to start one (for a run of N GPUs, that
+    no live worker offers N, the most one does, and the command that starts one). `processes`: the run's
+    resources.gpus, said for a CPU run (one CPU worker starts them all)."""
     status = services.queue_status(queue, engine=engine)
     if not status.served:
         return WorkerHint(False, "Workers: " + status.message())
     names = ", ".join(w.id if w.hostname in w.id else f"{w.id} on {w.hostname}" for w in status.workers[:5])
     more = f" and {len(status.workers) - 5} more" if len(status.workers) > 5 else ""
     n = len(status.workers)
-    return WorkerHint(True, f"Workers: {n} live worker{'s serve' if n > 1 else ' serves'} '{queue}' ({names}{more})")
+    where = (f"; the one that takes it runs its {processes} processes (gloo, the CPU cores shared)"
+             if queue == CPU_QUEUE and processes > 1 else "")
+    return WorkerHint(True, f"Workers: {n} live worker{'s serve' if n > 1 else ' serves'} '{queue}' ({names}{more})"
+                            + where)
+
+
+def processes_of(values: Mapping[str, Any]) -> int:
+    """The form's resources.gpus (1 when it is not a whole number yet)."""
+    try:
+        return max(1, int(values.get("resources.gpus") or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 @dataclass(frozen=True)
@@ -124,7 +138,8 @@ class Hints:
 def hints(engine: Engine, values: Mapping[str, Any]) -> Hints:
     """Everything said before Launch, for the form's flat `values`."""
     similar = similar_runs(engine, values)
-    return Hints(worker_hint(queue_for(values.get("device")), engine), memory_estimate(similar, values),
+    n = processes_of(values)
+    return Hints(worker_hint(queue_for(values.get("device"), n), engine, n), memory_estimate(similar, values),
                  time_estimate(similar, values.get("train.epochs")))
 
 

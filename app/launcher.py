@@ -1,4 +1,5 @@
-"""Starting processes: Celery workers (one per GPU, or N CPU workers), the private Redis of embedded mode, the UI.
+"""Starting processes: Celery workers (one per GPU, one owning several GPUs for multi-GPU runs, or N CPU
+workers), the private Redis of embedded mode, the UI.
 
 Workers are started by command line (`celery -A worker.celery_app worker`), so this module
 never imports the worker package or torch.
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.names import JOBS_QUEUE
+from core.names import JOBS_QUEUE, multi_gpu_queues
 from core.process import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,12 +74,15 @@ def _celery_worker(loglevel: str) -> list[str]:
 
 
 def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO",
-                    cpu_workers: int = 1) -> list[tuple[list[str], dict[str, str]]]:
-    """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; without GPUs, `cpu_workers` CPU workers
-    (cpu@, cpu2@, cpu3@ ... on the host) side by side, the torch threads split between them. ValueError when
-    cpu_workers does not fit (see check_cpu_workers)."""
+                    cpu_workers: int = 1, multi_gpu: bool = False) -> list[tuple[list[str], dict[str, str]]]:
+    """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; with `multi_gpu`, one worker owning all of
+    `gpus` for runs of 2..len(gpus) GPUs (see multi_gpu_worker); without GPUs, `cpu_workers` CPU workers (cpu@,
+    cpu2@, cpu3@ ... on the host) side by side, the torch threads split between them. ValueError when
+    cpu_workers or multi_gpu does not fit (see check_cpu_workers)."""
     check_cpu_workers(cpu_workers, gpus)
     base = _celery_worker(loglevel)
+    if multi_gpu:
+        return [multi_gpu_worker(base, gpus or [], queues)]
     out = []
     if gpus:
         for g in gpus:
@@ -91,6 +95,21 @@ def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: 
             name = "cpu" if i == 1 else f"cpu{i}"  # the first keeps the name healthchecks ping (cpu@$HOSTNAME)
             out.append(([*base, "-Q", q, "-n", f"{name}@%h"], {"CUDA_VISIBLE_DEVICES": "", **threads}))
     return out
+
+
+def multi_gpu_worker(base: list[str], gpus: list[int], queues: list[str] | None) -> tuple[list[str], dict[str, str]]:
+    """ONE worker that sees all of `gpus` and takes runs of 2..N GPUs (queues gpu-x2 .. gpu-xN; a run of fewer
+    uses the first of them). It leaves single-GPU runs to the one-per-GPU workers: taking one would hold all N
+    GPUs for a run that uses one. Named gpu<first>-<last>@host (gpu0-3@host), or gpu0_2_5@host when not a range."""
+    if len(gpus) < 2:
+        raise ValueError(f"--multi-gpu needs at least 2 GPUs (got {len(gpus)}): give them, e.g. --gpus 0,1; a single "
+                         "GPU is served by one worker per GPU (torchdeck worker --gpus 0)")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus {','.join(map(str, gpus))} names a GPU twice: give each once")
+    contiguous = gpus == list(range(gpus[0], gpus[0] + len(gpus)))
+    name = f"gpu{gpus[0]}-{gpus[-1]}" if contiguous else "gpu" + "_".join(map(str, gpus))
+    q = ",".join(queues or multi_gpu_queues(len(gpus)))
+    return [*base, "-Q", q, "-n", f"{name}@%h"], {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
 
 
 def jobs_worker_command(name: str = "jobs", loglevel: str = "INFO") -> tuple[list[str], dict[str, str]]:

@@ -45,12 +45,13 @@ _GROUP_RULES: tuple[tuple[str, str], ...] = (
     ("checkpoint.", "Checkpoints & export"),
     ("export.", "Checkpoints & export"),
     ("loader.", "Resources"),
+    ("resources.", "Resources"),
     ("device", "Resources"),
     ("compile", "Resources"),
 )
 # Closed registries validated by a field_validator (the annotation is a plain str).
 _REGISTRIES: dict[str, tuple[str, ...]] = {"data.name": DATASET_NAMES, "model.name": MODEL_NAMES}
-_SECTIONS = ("data", "model", "optim", "schedule", "train", "checkpoint", "export", "loader")
+_SECTIONS = ("data", "model", "optim", "schedule", "train", "checkpoint", "export", "loader", "resources")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app import queue_words
 from app.auth import PermissionDenied, User, check_can_modify
 from core.config import RunSpec
 from core.redact import redact
-from core.names import CPU_QUEUE, GPU_QUEUE, JOBS_QUEUE, RUN_TASK, STALE_AFTER_ENV, STALE_AFTER_S
+from core.names import JOBS_QUEUE, RUN_TASK, STALE_AFTER_ENV, STALE_AFTER_S, gpus_offered, queue_of
 from db.engine import data_home, database_url, make_engine
 from db.repo import (
     ArtifactRecord,
@@ -67,8 +68,13 @@ def get_engine() -> Engine:
     return engine_for(database_url())
 
 
+def run_queue(spec: RunSpec) -> str:
+    """The queue a run waits in, its GPU count included (core.names.queue_of: gpu-xN for N > 1 GPUs)."""
+    return queue_of(spec.model_dump(mode="json"))
+
+
 def enqueue(run_id: str, spec: RunSpec) -> None:
-    _celery(broker_url()).send_task(RUN_TASK, args=[run_id], queue=spec.resource)
+    _celery(broker_url()).send_task(RUN_TASK, args=[run_id], queue=run_queue(spec))
 
 
 
@@ -86,10 +92,12 @@ def stale_after_s() -> float:
 
 @dataclass(frozen=True)
 class QueueStatus:
-    """Who would take a run from `queue` now: the live workers that consume it."""
+    """Who would take a run from `queue` now: the live workers that consume it, and the most GPUs one run may
+    have on any live worker (what a multi-GPU run that nobody takes is told)."""
 
     queue: str
     workers: tuple[WorkerRecord, ...]
+    most_gpus: int = 0
 
     @property
     def served(self) -> bool:
@@ -100,16 +108,11 @@ class QueueStatus:
             names = ", ".join(f"{w.id} on {w.hostname}" + (" (busy)" if w.current_run_id else "") for w in self.workers[:5])
             more = f" and {len(self.workers) - 5} more" if len(self.workers) > 5 else ""
             return f"queue '{self.queue}' is served by {len(self.workers)} live worker(s): {names}{more}"
-        return f"no live worker serves the '{self.queue}' queue, so the run waits until one does: {_FIXES[self.queue]}"
+        return queue_words.unserved(self.queue, self.most_gpus)
 
-
-_FIXES = {
-    GPU_QUEUE: "start a worker on a GPU host (`torchdeck worker --gpus 0`, team mode `docker compose up -d worker-gpu`), "
-               "or set device: cpu to run it on a CPU worker",
-    CPU_QUEUE: "start one (`torchdeck worker --queues cpu`, team mode `docker compose up -d worker-cpu`)",
-    JOBS_QUEUE: "`torchdeck worker` starts a jobs worker beside its run workers (team mode `docker compose up -d "
-                "worker-cpu`)",
-}
+    def gap(self) -> str:
+        """Why nobody takes the run, in a few words (a table cell)."""
+        return queue_words.gap(self.queue, self.most_gpus)
 
 
 def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
@@ -119,9 +122,9 @@ def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
     from db.repo import list_workers
 
     now, limit = datetime.now(UTC), stale_after_s()
-    live = tuple(w for w in list_workers(engine or get_engine())
-                 if queue in w.queues and (now - w.heartbeat_at).total_seconds() <= limit)
-    return QueueStatus(queue, live)
+    alive = [w for w in list_workers(engine or get_engine()) if (now - w.heartbeat_at).total_seconds() <= limit]
+    most = max((gpus_offered(w.queues) for w in alive), default=0)
+    return QueueStatus(queue, tuple(w for w in alive if queue in w.queues), most)
 
 
 MAX_QUEUED_ENV = "TORCHDECK_MAX_QUEUED_PER_OWNER"

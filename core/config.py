@@ -7,7 +7,6 @@ reads these descriptions as its help text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -15,6 +14,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core import bounded_yaml
+from core.overrides import SpecError, apply_overrides, describe_errors  # noqa: F401 - part of this module's API
 from core.names import EXPORT_FORMATS, is_loss, queue_for, spec_hash
 
 # Closed registries. The form offers exactly these names; core/data.py and
@@ -279,6 +279,14 @@ class LoaderSpec(_Section):
     )
 
 
+class ResourcesSpec(_Section):
+    gpus: int = Field(
+        1, ge=1, le=16,
+        description="Processes of one run on one host (DistributedDataParallel): one per GPU, or gloo processes on "
+        "device cpu. train.batch_size stays the global batch, split evenly across them.",
+    )
+
+
 class RunSpec(_Section):
     """A whole training run. YAML keys mirror these sections."""
 
@@ -291,6 +299,7 @@ class RunSpec(_Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
     export: ExportSpec = Field(default_factory=ExportSpec, description="Exports.")
     loader: LoaderSpec = Field(default_factory=LoaderSpec, description="Data loading.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Processes (GPUs) of the run.")
     seed: int = Field(42, ge=0, le=2**32 - 1, description="Seed for Python, NumPy, torch, the split and the loaders.")
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and cuDNN determinism (slower).")
     device: Device = Field("auto", description="auto: CUDA when available, else CPU.")
@@ -313,6 +322,9 @@ class RunSpec(_Section):
     def _cross_checks(self) -> RunSpec:
         if self.device == "cpu" and self.train.precision == "fp16":
             raise ValueError("train.precision=fp16 needs a CUDA device; on CPU use bf16 or fp32")
+        if self.train.batch_size % self.resources.gpus:
+            raise ValueError(f"train.batch_size={self.train.batch_size} must divide evenly by "
+                             f"resources.gpus={self.resources.gpus} (it is the global batch)")
         return self
 
     # --- identity ---------------------------------------------------------------
@@ -323,7 +335,7 @@ class RunSpec(_Section):
     @property
     def resource(self) -> str:
         """The worker queue a run needs (core.names.queue_for): a CPU run never waits for a GPU worker."""
-        return queue_for(self.device)
+        return queue_for(self.device, self.resources.gpus)
 
     # --- YAML --------------------------------------------------------------------
     def to_yaml(self) -> str:
@@ -347,49 +359,6 @@ class RunSpec(_Section):
             return cls.model_validate(data)
         except ValidationError as e:
             raise SpecError(describe_errors(e)) from None
-
-
-class SpecError(ValueError):
-    """An invalid spec: a list of (field path, what is wrong and what is allowed)."""
-
-    def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("invalid run spec:\n" + "\n".join(f"  {f}: {m}" for f, m in errors))
-
-
-def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
-    """Turn pydantic's errors into (dotted field, message) pairs a person can act on."""
-    out = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; allowed keys are the schema's fields)"
-        out.append((loc, msg))
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `--set a.b.c=value` overrides; values are parsed as YAML scalars/lists."""
-    data = json.loads(json.dumps(data))  # deep copy, JSON-safe
-    for item in overrides:
-        if "=" not in item:
-            raise SpecError([(item, "an override must look like section.key=value, e.g. train.epochs=5")])
-        path, raw = item.split("=", 1)
-        keys = [k for k in path.strip().split(".") if k]
-        if not keys:
-            raise SpecError([(item, "empty key in override")])
-        node = data
-        for k in keys[:-1]:
-            child = node.setdefault(k, {})
-            if not isinstance(child, dict):
-                raise SpecError([(path, f"{k} is not a section")])
-            node = child
-        try:
-            node[keys[-1]] = bounded_yaml.load(raw, f"the value of {path}") if raw.strip() else None
-        except (bounded_yaml.YamlRefused, yaml.YAMLError) as e:
-            raise SpecError([(path, f"cannot read {raw[:60]!r}: {' '.join(str(e).split())[:200]}")]) from None
-    return data
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> RunSpec:

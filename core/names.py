@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # --- runs ---------------------------------------------------------------------------------------------
@@ -32,6 +32,11 @@ OBJECTIVE_METRICS = ("val/loss", "val/acc", "train/loss", "train/acc")  # per-ep
 
 # --- queues and tasks ---------------------------------------------------------------------------------
 GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"
+# A run of N > 1 GPUs waits in a queue of its own GPU count (gpu-x2, gpu-x4): only a worker that owns at
+# least N GPUs of one host consumes it, so such a run never lands on a one-GPU worker that cannot start it.
+MULTI_GPU_PREFIX = "gpu-x"
+MAX_RUN_GPUS = 16  # core.config.ResourcesSpec.gpus's upper bound
+# The queues of single-process runs; multi_gpu_queues() names the others (is_run_queue tells any of them).
 RUN_QUEUES = (GPU_QUEUE, CPU_QUEUE)
 JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a small CPU-only worker per host
 RUN_TASK = "torchdeck.execute_run"
@@ -45,9 +50,62 @@ STALE_AFTER_ENV = "TORCHDECK_STALE_AFTER_S"
 STALE_AFTER_S = 30.0
 
 
-def queue_for(device: str | None) -> str:
-    """The queue a run waits in: a CPU run never waits for a GPU worker; `auto` and `cuda` want a GPU."""
-    return CPU_QUEUE if device == "cpu" else GPU_QUEUE
+def queue_for(device: str | None, gpus: int = 1) -> str:
+    """The queue a run waits in: a CPU run never waits for a GPU worker (whatever its process count: any CPU
+    worker starts N gloo processes); `auto` and `cuda` want a GPU, and a run of N > 1 GPUs waits in gpu-xN."""
+    if device == "cpu":
+        return CPU_QUEUE
+    return GPU_QUEUE if gpus <= 1 else multi_gpu_queue(gpus)
+
+
+def run_gpus(spec: Mapping[str, Any] | None) -> int:
+    """`resources.gpus` of a spec dict (1 when absent or unreadable: specs stored before it existed)."""
+    value = ((spec or {}).get("resources") or {}).get("gpus", 1)
+    try:
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def queue_of(spec: Mapping[str, Any] | None) -> str:
+    """queue_for a stored or submitted spec dict: its device and its resources.gpus."""
+    return queue_for((spec or {}).get("device"), run_gpus(spec))
+
+
+def multi_gpu_queue(gpus: int) -> str:
+    """`gpu-x<gpus>`: the queue of runs of that many GPUs (gpus ≥ 2)."""
+    if not 2 <= gpus <= MAX_RUN_GPUS:
+        raise ValueError(f"a multi-GPU queue is for 2 to {MAX_RUN_GPUS} GPUs, not {gpus}")
+    return f"{MULTI_GPU_PREFIX}{gpus}"
+
+
+def multi_gpu_queues(gpus: int) -> tuple[str, ...]:
+    """The queues a worker owning `gpus` GPUs consumes: gpu-x2 .. gpu-x<gpus> (a run of fewer GPUs uses a subset
+    of them); none for fewer than two."""
+    return tuple(multi_gpu_queue(k) for k in range(2, min(gpus, MAX_RUN_GPUS) + 1))
+
+
+def queue_gpus(queue: str) -> int | None:
+    """How many GPUs a run of `queue` needs: 0 for cpu, 1 for gpu, N for gpu-xN; None for a queue that holds
+    no runs (jobs, or an unknown name)."""
+    if queue == CPU_QUEUE:
+        return 0
+    if queue == GPU_QUEUE:
+        return 1
+    digits = queue[len(MULTI_GPU_PREFIX):] if queue.startswith(MULTI_GPU_PREFIX) else ""
+    if digits.isdigit() and str(int(digits)) == digits and 2 <= int(digits) <= MAX_RUN_GPUS:
+        return int(digits)
+    return None
+
+
+def is_run_queue(queue: str) -> bool:
+    """A queue of runs (cpu, gpu, gpu-xN), as opposed to the dashboard's jobs."""
+    return queue_gpus(queue) is not None
+
+
+def gpus_offered(queues: Sequence[str]) -> int:
+    """The most GPUs one run may have on a worker consuming `queues` (0: it takes no GPU run)."""
+    return max((queue_gpus(q) or 0 for q in queues), default=0)
 
 
 # --- artifacts and exports ----------------------------------------------------------------------------

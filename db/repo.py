@@ -36,6 +36,7 @@ from db.records import (
     update_dataset,
     upsert_worker,
 )
+from db.handoff import mark_run_lost
 from db.runs import (
     check_notes,
     check_tags,
@@ -99,7 +100,7 @@ __all__ = [
     "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",
     "SeriesPoint", "WorkerRecord",
     "create_run", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
-    "finish_run", "stale_runs", "mark_lost", "mark_degraded", "unclaimed_runs", "delete_run", "list_runs",
+    "finish_run", "stale_runs", "mark_lost", "mark_run_lost", "mark_degraded", "unclaimed_runs", "delete_run", "list_runs",
     "append_metrics", "metric_keys", "point_problem", "series", "compare", "epoch_anchors", "iter_points",
     "owners_and_tags",
     "append_events", "event_problem", "list_events", "add_artifact", "get_artifact", "list_artifacts",

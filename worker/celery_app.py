@@ -33,7 +33,7 @@ def make_app(settings: WorkerSettings | None = None) -> Celery:
         # task whose worker died before claiming come back.
         broker_transport_options={"visibility_timeout": s.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
-        # Runs are routed by resource: the spec's device decides (cpu → "cpu", otherwise "gpu").
+        # Runs are routed by resource (core.names.queue_of): cpu → "cpu", one GPU → "gpu", N GPUs → "gpu-xN".
         task_default_queue=CPU_QUEUE,
         task_create_missing_queues=True,
         # A worker that loses Redis keeps retrying instead of exiting; the run's child is unaffected.

@@ -137,6 +137,9 @@ def gpu_metrics() -> dict[str, float]:
 # Exit code of a run process that gave its run up because another worker owns it now, or it was
 # deleted: the supervisor records nothing for it (the run is not this worker's any more).
 ABANDONED_EXIT = 75
+# Exit code of a run process whose multi-process run lost one of its other ranks (core.distributed.RankLost):
+# the run is not failed, the supervisor marks it lost at once and re-queues it to resume from its checkpoint.
+RANK_LOST_EXIT = 76
 PULSE_S = 0.5  # how often a run process proves to its supervisor that it is alive and scheduled
 
 
@@ -175,11 +178,11 @@ def spare_main(conn, pulse=None) -> None:
     except EOFError:  # the worker went away before giving us a run
         return
     if job is not None:
-        run_child(*job)
+        code = run_child(*job)
         # Everything is stored (the sink is closed, the run finished): skip the interpreter's teardown of torch,
         # which can take seconds, so the worker moves on to its next run (a sweep's next trial) at once.
         logging.shutdown()
-        os._exit(0)
+        os._exit(code)
 
 
 def _abandon(reason: str) -> None:
@@ -190,8 +193,41 @@ def _abandon(reason: str) -> None:
     os._exit(ABANDONED_EXIT)
 
 
-def run_child(run_id: str, worker_id: str, db_url: str) -> None:
-    """Run one run to its end (in a spare process; see worker.tasks.supervise)."""
+def rank_loss(exc: BaseException) -> dict | None:
+    """What is known of the lost rank when `exc` says another process of a multi-process run died
+    (core.distributed.RankLost), else None. Told by class as well as by name: the training core that defines
+    it may be absent or older on this host, and a one-process run never needs it."""
+    try:
+        from core.distributed import RankLost
+    except Exception:  # noqa: BLE001 - absent (or broken) here: only the name can tell, and a one-process run goes on
+        RankLost = None  # noqa: N806
+    named = any(c.__name__ == "RankLost" for c in type(exc).__mro__)
+    if not named and not (RankLost is not None and isinstance(exc, RankLost)):
+        return None
+    found = {k: getattr(exc, k) for k in ("rank", "world_size", "exitcode") if isinstance(getattr(exc, k, None), int)}
+    return {**found, "error": f"{exc.__class__.__name__}: {exc}"}
+
+
+def record_failure(sink, exc: BaseException) -> bool:
+    """Record on the run why training raised `exc`; True when it was a lost rank, which does not fail the run:
+    the run process then exits with RANK_LOST_EXIT and its supervisor re-queues the run to resume."""
+    lost = rank_loss(exc)
+    if lost is None:
+        sink.event("lifecycle", "error", f"{exc.__class__.__name__}: {exc}",
+                   {"code": "failed", "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+        return False
+    which = f"rank {lost['rank']}" if "rank" in lost else "a rank"
+    if "world_size" in lost:
+        which += f" of {lost['world_size']}"
+    sink.event("lifecycle", "warning", f"{which} of this run's processes died ({lost['error']}); the run is marked "
+               "lost and resumes from its last checkpoint, on this worker or another that offers the same GPUs",
+               {"code": "rank_lost", **lost})
+    return True
+
+
+def run_child(run_id: str, worker_id: str, db_url: str) -> int:
+    """Run one run to its end (in a spare process; see worker.tasks.supervise); the process's exit code:
+    0, or RANK_LOST_EXIT when a lost rank left the run to be resumed (its supervisor marks it lost)."""
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s run {run_id} %(levelname)s %(message)s")
     term = TermFlag()
@@ -205,7 +241,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
 
     settings = WorkerSettings()
     engine = make_engine(db_url)
-    out, store_error = settings.run_dir(run_id), None
+    out, store_error, rank_lost = settings.run_dir(run_id), None, False
     try:
         run = retrying(lambda: get_run(engine, run_id), "read the run")
     except RunNotFound:
@@ -236,15 +272,18 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> None:
         status, error = summary["status"], summary.get("error")
     except Exception as e:  # noqa: BLE001 - recorded on the run, never lost in a log
         status, error, summary = "failed", f"{e.__class__.__name__}: {e}", {}
-        sink.event("lifecycle", "error", error, {"code": "failed", "traceback": traceback.format_exc()})
+        rank_lost = record_failure(sink, e)
     finally:
         monitor.stop()
     sink.close()
     if sink.abandoned is not None:
         _abandon(sink.abandoned)
+    if rank_lost:
+        return RANK_LOST_EXIT
     if sink.degraded:
         summary = {**summary, "degraded": sink.degraded}
     retrying(lambda: finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id), "record the end of the run")
+    return 0
 
 
 def retrying(fn, what: str, total_s: float = 120.0):

@@ -26,13 +26,14 @@ from db.repo import (
     heartbeat,
     list_sweeps,
     mark_lost,
+    mark_run_lost,
     unclaimed_runs,
     upsert_worker,
 )
-from core.names import RUN_QUEUES, RUN_TASK, gpu_key, queue_for
+from core.names import RUN_QUEUES, RUN_TASK, gpu_key, is_run_queue, queue_of
 from worker.broker import run_ids_in_broker
 from worker.celery_app import app
-from worker.child import ABANDONED_EXIT, spare_main
+from worker.child import ABANDONED_EXIT, RANK_LOST_EXIT, spare_main
 from worker.notify import notify_run_end
 from worker.settings import WorkerSettings
 
@@ -230,6 +231,8 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
                 log.warning("could not heartbeat run %s: %s", run_id, e)
         w.relay_cancel(now)
     code = proc.exitcode
+    if code == RANK_LOST_EXIT and w.gave_up is None:
+        return resume_after_rank_loss(run_id, worker_id, s)
     if w.gave_up is not None or code == ABANDONED_EXIT:
         log.warning("run %s left to its new owner (%s)", run_id, w.gave_up or "its process gave it up")
         return "abandoned"
@@ -256,24 +259,54 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
     requeued = []
     for run_id in mark_lost(engine(), s.stale_after_s):
         r = get_run(engine(), run_id)
-        if r.attempt >= s.max_attempts:
-            if finish_run(engine(), run_id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: its worker "
-                          "stopped heartbeating (crashed, killed or disconnected); not retried again") is not None:
-                notify_run_end(engine(), run_id, settings=s)
-            continue
-        append_events(engine(), run_id, [EventInput(
-            "lifecycle", "warning", f"worker {r.worker_id} stopped heartbeating; re-queued (attempt {r.attempt + 1} of "
-            f"{s.max_attempts}), resuming from the last checkpoint", code="lost")])
-        send(r)
-        requeued.append(run_id)
+        if requeue_or_fail(r, s, f"worker {r.worker_id} stopped heartbeating",
+                           "its worker stopped heartbeating (crashed, killed or disconnected)"):
+            requeued.append(run_id)
     sent = resend_missing(s)
     for sweep in list_sweeps(engine(), status=("running",)):
         advance_sweep(sweep.id)  # a worker that died between a trial's end and its advance stalls no sweep
     return requeued + sent
 
 
+def requeue_or_fail(r, s: WorkerSettings, what: str, why: str, notify: bool = True) -> bool:
+    """A `lost` run: sent again to resume from its last checkpoint (True), or failed once it has been tried
+    max_attempts times (notified unless the caller's run task notifies its end itself). Every write is conditional
+    on the run still being `lost`: a worker may claim it meanwhile."""
+    if r.attempt >= s.max_attempts:
+        if finish_run(engine(), r.id, "failed", only_from=("lost",),
+                      error=f"lost {r.attempt} times: {why}; not retried again") is not None and notify:
+            notify_run_end(engine(), r.id, settings=s)
+        return False
+    append_events(engine(), r.id, [EventInput(
+        "lifecycle", "warning", f"{what}; re-queued (attempt {r.attempt + 1} of {s.max_attempts}) to "
+        f"'{queue_of(r.spec)}', resuming from the last checkpoint", code="lost")])
+    send(r)
+    return True
+
+
+def resume_after_rank_loss(run_id: str, worker_id: str, s: WorkerSettings) -> str:
+    """The run's process exited because another rank of its multi-process run died (its event names the rank):
+    the run is marked lost now, not after its heartbeat goes stale, and re-queued like a run whose worker died.
+    A run someone asked to cancel is cancelled instead; one that is no longer this worker's is left alone."""
+    try:
+        if not mark_run_lost(engine(), run_id, worker_id=worker_id):
+            log.warning("run %s lost a rank but is no longer ours: left to its new owner", run_id)
+            return "abandoned"
+        r = get_run(engine(), run_id)
+        if r.cancel_requested:
+            finish_run(engine(), run_id, "cancelled", only_from=("lost",), error="cancelled while a rank was lost")
+            return "cancelled"
+        requeue_or_fail(r, s, "a rank of this run's processes died",  # execute_run notifies a failed run's end
+                        "a rank of its processes died each time (see its rank_lost events)", notify=False)
+    except RunNotFound:
+        return "abandoned"
+    except Exception as e:  # noqa: BLE001 - the reaper re-queues it once its heartbeat is stale
+        log.error("could not re-queue run %s after its lost rank: %s", run_id, e)
+    return "rank lost"
+
+
 def send(run) -> None:
-    app.send_task(RUN_TASK, args=[run.id], queue=queue_for(run.spec.get("device")))
+    app.send_task(RUN_TASK, args=[run.id], queue=queue_of(run.spec))
 
 
 def resend_missing(s: WorkerSettings) -> list[str]:
@@ -282,7 +315,9 @@ def resend_missing(s: WorkerSettings) -> list[str]:
     waiting = unclaimed_runs(engine(), s.requeue_after_s)
     if not waiting:
         return []
-    present = run_ids_in_broker(app, RUN_QUEUES, RUN_TASK, delivered_within_s=s.requeue_after_s)
+    # The queues these runs wait in, the multi-GPU ones (gpu-xN) included: a run's spec says which.
+    queues = sorted({*RUN_QUEUES, *(queue_of(r.spec) for r in waiting)})
+    present = run_ids_in_broker(app, queues, RUN_TASK, delivered_within_s=s.requeue_after_s)
     if present is None:  # the broker cannot be read now: try again next round
         return []
     sent = []
@@ -292,7 +327,7 @@ def resend_missing(s: WorkerSettings) -> list[str]:
         send(r)
         append_events(engine(), r.id, [EventInput(
             "lifecycle", "warning", f"the queue had no message for this {r.status} run (the broker restarted or a "
-            f"message was lost); sent it again to '{queue_for(r.spec.get('device'))}'", code="resent")])
+            f"message was lost); sent it again to '{queue_of(r.spec)}'", code="resent")])
         sent.append(r.id)
     return sent
 
@@ -354,7 +389,7 @@ def _on_ready(sender=None, **_: object) -> None:
     _forget_earlier_selves(node, WorkerSettings())
     _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
-    if sender is None or set(_state["queues"]) & set(RUN_QUEUES):  # a jobs-only worker (worker/jobs.py) runs no run
+    if sender is None or any(is_run_queue(q) for q in _state["queues"]):  # a jobs-only worker runs no run
         _spare.fill()
 
 

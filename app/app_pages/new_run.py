@@ -320,10 +320,10 @@ def main() -> None:
         elif preflight_clicked:
             show_preflight(spec)
         elif validate_clicked:
-            st.success(f"Valid spec: queue '{spec.resource}', hash {spec.spec_hash()[:12]}",
+            st.success(f"Valid spec: queue '{services.run_queue(spec)}', hash {spec.spec_hash()[:12]}",
                        icon=":material/check_circle:")
         if spec is not None and not launch_clicked and not sweep.launch:
-            run_view.waiting_for(spec.resource)
+            run_view.waiting_for(services.run_queue(spec))
     owner, tags = owner_and_tags()
     new_sweep.after_form(spec, sweep, slots, owner=owner, tags=tags)
     preflight_panel()

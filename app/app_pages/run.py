@@ -9,7 +9,7 @@ import streamlit as st
 from app import auth, services
 from app import fmt as f
 from app.charts import X_MODES
-from app.ui import frame, live_series, queries, run_charts, run_view
+from app.ui import frame, live_series, queries, run_charts, run_processes, run_view
 from app.ui.live_chart import live_charts
 from db import repo
 from db.types import NOTES_LEN
@@ -38,6 +38,7 @@ def header(r) -> None:
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
+    run_processes.show(r)  # a run of several processes: its batch per rank and in total, its learning rate
     run_view.lineage(r)  # parent, sweep, seed group and children, as links
     run_view.notes_panel(r)
 

@@ -9,7 +9,7 @@ import streamlit as st
 from app import fmt as f
 from app import services
 from app.ui import frame, queries
-from core.names import queue_for
+from core.names import gpus_offered, queue_gpus, queue_of
 from db.types import RunRecord, WorkerRecord
 
 K = frame.page_state("workers")
@@ -28,24 +28,39 @@ def devices_text(w: WorkerRecord) -> str:
     return ", ".join(out) or "–"
 
 
+def takes_text(w: WorkerRecord) -> str:
+    """What runs the worker takes, from its queues: a multi-GPU worker's GPU count and the run sizes it serves
+    ("4 GPUs (runs of 2–4)"), so a run of N GPUs that waits can be matched against it at a glance."""
+    needs = sorted({n for q in w.queues if (n := queue_gpus(q))})  # GPU counts of its run queues
+    most = gpus_offered(w.queues)
+    parts = []
+    if most >= 2:
+        parts.append(f"{most} GPUs (runs of {needs[0]}–{most})")
+    elif most == 1:
+        parts.append("1 GPU per run")
+    if "cpu" in w.queues:
+        parts.append("CPU runs")
+    return ", ".join(parts) or "no runs (dashboard jobs)"
+
+
 def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
     rows = []
     for w in workers:
         age = f.age_s(w.heartbeat_at)
         rows.append({"state": "alive" if age is not None and age < STALE_S else "silent", "worker": w.id,
-                     "host": w.hostname, "queues": ", ".join(w.queues), "devices": devices_text(w),
+                     "host": w.hostname, "takes": takes_text(w), "queues": ", ".join(w.queues), "devices": devices_text(w),
                      "heartbeat age": f.seconds(age), "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
                      "up since": w.started_at})
     return pd.DataFrame(rows)
 
 
 def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
-    """Position in its own queue (cpu or gpu): the order a worker of that queue takes them."""
+    """Position in its own queue (cpu, gpu, or gpu-xN for a run of N GPUs): the order a worker of it takes them."""
     seen: dict[str, int] = {}
     owners = services.owner_labels((r.owner for r in queued), engine=queries.engine())
     rows = []
     for r in queued:
-        queue = queue_for(r.spec.get("device"))
+        queue = queue_of(r.spec)
         seen[queue] = seen.get(queue, 0) + 1
         rows.append({"position": seen[queue], "queue": queue, "run": r.name, "status": f.status_label(r.status),
                      "owner": owners.get(r.owner, r.owner), "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})

@@ -18,7 +18,7 @@ import streamlit as st
 from pydantic import ValidationError
 
 from app import fmt as f
-from app import sweeps
+from app import services, sweeps
 from app.schema import FIELDS, FormField, field_for_error, set_path
 from app.ui import frame, queries, run_view, spec_form, sweep_view
 from core.config import RunSpec, SpecError
@@ -318,7 +318,7 @@ def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str
     st.success(f"Sweep **{f.md_text(record.name)}** launched: {spec.trials} trials, the first {first} queued.",
                icon=":material/rocket_launch:")
     st.page_link(sweep_view.SWEEP_PAGE, label="Open the sweep", query_params={"id": record.id}, icon=":material/tune:")
-    run_view.waiting_for(spec.base.resource)
+    run_view.waiting_for(services.run_queue(spec.base))
 
 
 def single_run_refused() -> str:

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from app import fmt as f
 from app import services
 from app.ui import queries
-from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, is_loss, queue_for
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, is_loss, queue_of
 from db import overview, repo
 from db.types import RunRecord
 
@@ -109,8 +109,8 @@ QUEUED_COLUMNS = ["position", "queue", "run", "owner", "status", "waiting", "who
 
 def takers(status: services.QueueStatus) -> str:
     """Who would take a run of this queue now, in a table cell."""
-    if not status.served:
-        return f"no live worker serves the '{status.queue}' queue"
+    if not status.served:  # a multi-GPU run: how many GPUs it needs and the most any live worker offers
+        return status.gap()
     names = ", ".join(w.id + (" (busy)" if w.current_run_id else "") for w in status.workers[:3])
     return names + (f" and {len(status.workers) - 3} more" if len(status.workers) > 3 else "")
 
@@ -121,7 +121,7 @@ def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[s
     seen: dict[str, int] = {}
     rows = []
     for r in runs:
-        queue = queue_for((r.spec or {}).get("device"))
+        queue = queue_of(r.spec)
         seen[queue] = seen.get(queue, 0) + 1
         if len(rows) < SHOWN_QUEUED:
             rows.append({"position": seen[queue], "queue": queue, "run": r.name, "owner": owners.get(r.owner, r.owner),
@@ -156,7 +156,7 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
     curves = overview.curves(engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, objective(r))])
     owners = services.owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
     statuses = {q: services.queue_status(q, engine=engine)
-                for q in sorted({queue_for((r.spec or {}).get("device")) for r in queued.runs})}
+                for q in sorted({queue_of(r.spec) for r in queued.runs})}
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),

@@ -98,7 +98,7 @@ def status_panel(r: RunRecord) -> None:
              help=f"at epoch {best_epoch}" if best_epoch else None)
     d.caption(f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}")
     if r.status == "queued":
-        waiting_for(services.spec_of(r).resource)
+        waiting_for(services.run_queue(services.spec_of(r)))
     if r.degraded:
         st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
     if r.status == "lost":
