@@ -155,11 +155,11 @@ def _term_with_parent() -> None:
 
 
 def ui_command(home: Path, port: int) -> list[str]:
-    """`streamlit run app/main.py` with the options this mode needs (app.auth.serve_options: 127.0.0.1 in
-    local mode; sign-in in team mode, or AuthNotConfigured)."""
+    """`streamlit run app/server.py` (app/main.py's pages and the live charts' route) with the options this
+    mode needs (app.auth.serve_options: 127.0.0.1 in local mode; sign-in in team mode, or AuthNotConfigured)."""
     from app.auth import serve_options
 
-    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), *serve_options(home),
+    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "server.py"), *serve_options(home),
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--client.toolbarMode", "viewer",  # no "Deploy" button nor developer menu: the dashboard is the product
             # Streamlit collects garbage after every script run by default: a whole-heap collection per live

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import auth, services
+from app import auth, live_feed, services
 from app import fmt as f
 from app.charts import X_MODES
 from app.ui import frame, live_series, queries, run_charts, run_processes, run_view
@@ -143,18 +143,31 @@ def chart_controls() -> tuple[str, float, int]:
 
 def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: bool) -> None:
     # While live, the run's record may be a moment old: the status fragment notices the end and reruns the page.
-    r = queries.run(run_id, fresh=not live)
+    # Fed by the live route, the charts rerun only when their frame asks (the run ended, a grant expired).
+    fed = live and live_feed.served()
+    r = queries.run(run_id, fresh=fed or not live)
     if r is None:
         return
+    if fed and r.finished:
+        st.rerun()  # the whole page once more: artifacts, export, static charts
     charts, counts = run_charts.figures(r, xmode, smoothing)
     if not charts:
         st.info("No metrics yet: the first points arrive after the first logged step.", icon=":material/hourglass:")
         return
-    live_charts(charts, columns=ncols, key=K("charts"))  # updated in place: zoom and legend survive refreshes
-    if counts is not None:
+    feed = _feed(r.id, xmode, smoothing) if counts is not None and live_feed.served() else None
+    live_charts(charts, columns=ncols, key=K("charts"), feed=feed)  # updated in place: zoom and legend survive
+    if counts is not None and feed is None:
         last = live_series.shared(queries.db_url(), r.id).get("train/loss")[0]
         st.caption(f"{len(counts)} metric keys" + (f" · last step {last[-1]}" if last else ""))
         run_charts.wait_for_more(r.id, counts, K("charts"))
+
+
+def _feed(run_id: str, xmode: str, smoothing: float) -> str:
+    """The live route's path for these charts (app/live_feed.py): one grant per session and settings."""
+    key = K(f"feed.{run_id}.{xmode}.{smoothing}")
+    if key not in st.session_state or not live_feed.valid(st.session_state[key]):
+        st.session_state[key] = live_feed.grant(run_id, xmode, smoothing)
+    return live_feed.PATH + st.session_state[key]
 
 
 def live_details(run_id: str) -> None:
@@ -191,7 +204,9 @@ def main() -> None:
     buttons(r)
     run_view.repeated_notice(r)
     # Status, progress and ETA: every couple of seconds is plenty (the charts follow the points as they come).
-    st.fragment(live_status, run_every=max(every, 2.0) if every else None)(r.id, active)
+    # Fed by the live route, the charts tell the page when the run ends: the status may refresh less often.
+    status_every = 5.0 if live_feed.served() else 2.0
+    st.fragment(live_status, run_every=max(every, status_every) if every else None)(r.id, active)
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"),
                    on_change="rerun")
@@ -199,7 +214,9 @@ def main() -> None:
     if charts_tab.open is not False:
         with charts_tab:
             xmode, smoothing, ncols = chart_controls()
-            st.fragment(charts_view, run_every=queries.LIVE_S if active else None)(r.id, xmode, smoothing, ncols, active)
+            # Served with the live route, the chart frame follows the run itself: no timer rerun at all.
+            timer = queries.LIVE_S if active and not live_feed.served() else None
+            st.fragment(charts_view, run_every=timer)(r.id, xmode, smoothing, ncols, active)
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)

@@ -17,7 +17,11 @@ A live page refreshes several times a second, so each refresh costs as little as
   reconnect) asks for everything (its component value, a fresh nonce; again after a second if
   still missing);
 - the browser redraws a changed chart when it is on screen, and an off-screen one when it scrolls
-  into view, within a budget (DRAW_SHARE of its time); a background tab draws nothing.
+  into view, within a budget (a token bucket: DRAW_SHARE of its time, BURST_MS saved for a chart that
+  grows now and then); a background tab draws nothing;
+- given a `feed` (the Run page of a running run, served with app/live_feed.py's route), the frame asks
+  that route for what changed itself, one long poll at a time and only when its budget could draw the
+  answer: no page rerun per new point.
 """
 
 from __future__ import annotations
@@ -66,32 +70,45 @@ const observer = new IntersectionObserver((entries) => {
     if (e.isIntersecting) { onScreen.add(title); if (pending.has(title)) schedule(); } else onScreen.delete(title);
   }
 });
-// Drawing is budgeted: after a batch of redraws that took T ms, the next waits until the batch's share of
-// the time since it began falls to DRAW_SHARE. One chart that grew (20 ms) redraws within a quarter of a
-// second; a training run whose every chart grows at each flush redraws them every couple of seconds.
-const DRAW_SHARE = 0.08;
-let queued = false, nextDraw = 0;
+// Drawing is budgeted like a token bucket: redraw time accrues at DRAW_SHARE of the frame's time, up to
+// BURST_MS saved. A chart that grew now and then (20-40 ms) redraws at once; a training run whose every
+// chart grows at each flush redraws them in turn, never more than DRAW_SHARE of the time in all.
+const DRAW_SHARE = 0.03, BURST_MS = 600;
+let tokens = BURST_MS, filled = performance.now(), queued = false;
+function waitFor() {  // ms until the bucket has time for another redraw
+  const now = performance.now();
+  tokens = Math.min(BURST_MS, tokens + (now - filled) * DRAW_SHARE);
+  filled = now;
+  return tokens > 0 ? 0 : -tokens / DRAW_SHARE;
+}
+function drawable() {  // a redraw is waiting that will happen (its chart is on screen, or never drawn)
+  for (const title of pending.keys()) {
+    const div = divs.get(title);
+    if (div && (onScreen.has(title) || !div.dataset.drawn)) return true;
+  }
+  return false;
+}
 function schedule() {
   if (queued) return;
   queued = true;
-  const wait = Math.max(0, nextDraw - performance.now());
-  setTimeout(() => requestAnimationFrame(drawPending), wait);
+  setTimeout(() => requestAnimationFrame(drawPending), waitFor());
 }
 function drawPending() {  // in an animation frame: never while the tab is in the background
   queued = false;
-  let spent = 0;
-  for (const [title, fig] of pending) {
+  waitFor();
+  for (const [title, item] of pending) {
     const div = divs.get(title);
     if (!div) { pending.delete(title); continue; }
     const update = Boolean(div.dataset.drawn);
     if (update && !onScreen.has(title)) continue;  // an update off screen waits until it is seen
+    if (update && tokens <= 0) { schedule(); break; }  // the rest in a later turn, in this order
     pending.delete(title);
     const t = performance.now();
+    const fig = typeof item === "string" ? themed(JSON.parse(item), theme) : item;
     Plotly.react(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
     div.dataset.drawn = "1";
-    if (update) spent += performance.now() - t;  // a first drawing is not a refresh: never budgeted
+    if (update) tokens -= performance.now() - t;  // a first drawing is not a refresh: never budgeted
   }
-  nextDraw = performance.now() + Math.min(spent / DRAW_SHARE - spent, 3000);
 }
 let shownHeight = -1;
 function themed(fig, theme) {
@@ -105,14 +122,47 @@ function themed(fig, theme) {
   }
   return fig;
 }
+function askAgain() {  // a rerun of the charts with every figure (a new component value)
+  askedAt = performance.now();
+  send("streamlit:setComponentValue", {value: Math.random().toString(36).slice(2), dataType: "json"});
+}
+let theme = {}, feed = null, polling = false;
+const sleep = (ms) => new Promise(r => setTimeout(r, ms));
+// A running run's charts come from the dashboard's live route (app/live_feed.py) instead of page reruns:
+// one long poll at a time, none while the tab is hidden or a redraw is still waiting for its budget.
+async function poll() {
+  polling = true;
+  while (feed) {
+    if (document.hidden || drawable()) { await sleep(50); continue; }
+    const room = waitFor();  // while redraws use their whole budget, asking for more would only be thrown away
+    if (room > 0) { await sleep(room); continue; }
+    const asked = feed;
+    const have = Array.from(held.values(), h => h.stamp).join(",");
+    let body = null;
+    try {
+      const resp = await fetch(asked + "?have=" + encodeURIComponent(have), {cache: "no-store"});
+      if (resp.status === 404) { feed = null; askAgain(); break; }  // the grant expired: the page makes another
+      if (resp.ok) body = await resp.json();
+    } catch (e) { body = null; }
+    if (asked !== feed) continue;
+    if (!body) { await sleep(1000); continue; }  // the server is restarting: try again shortly
+    if (body.finished) { feed = null; askAgain(); break; }  // the run ended: the page shows its final charts
+    show(body.charts);
+  }
+  polling = false;
+}
 window.addEventListener("message", (event) => {
   const msg = event.data;
   if (!msg || msg.type !== "streamlit:render") return;
-  const charts = msg.args.charts;
   // The page's theme (light, dark or custom): text and grid lines in its colours, never a hard-coded white chart.
-  const theme = msg.theme || {};
-  const look = (theme.base || "") + (theme.textColor || "");
+  theme = msg.theme || {};
   grid.style.gridTemplateColumns = "repeat(" + msg.args.columns + ", minmax(0, 1fr))";
+  feed = msg.args.feed ? new URL(msg.args.feed, window.location.href).href : null;  // this frame's own server
+  show(msg.args.charts);
+  if (feed && !polling) poll();
+});
+function show(charts) {
+  const look = (theme.base || "") + (theme.textColor || "");
   const wanted = new Set(charts.map(c => c.title));
   for (const [title, div] of divs) {
     if (!wanted.has(title)) {
@@ -134,18 +184,16 @@ window.addEventListener("message", (event) => {
     // A figure is sent only while it is new: one this frame never got (it was re-created), ask for all again.
     if (!have || have.stamp !== c.stamp) { missing.push(c.stamp); return; }
     div.dataset.stamp = stamp;
+    if (div.dataset.drawn) { pending.set(c.title, have.spec); return; }  // an update is read when it is drawn
     const fig = themed(JSON.parse(have.spec), theme);
     div.style.height = (fig.layout.height || 300) + "px";
     pending.set(c.title, fig);
   });
   if (pending.size) schedule();
-  if (missing.length && performance.now() - askedAt > 1000) {
-    askedAt = performance.now();
-    send("streamlit:setComponentValue", {value: Math.random().toString(36).slice(2), dataType: "json"});
-  }
+  if (missing.length && performance.now() - askedAt > 1000) askAgain();
   const height = grid.scrollHeight;
   if (height !== shownHeight) { shownHeight = height; send("streamlit:setFrameHeight", {height: height}); }
-});
+}
 send("streamlit:componentReady", {apiVersion: 1});
 </script></body></html>
 """
@@ -206,10 +254,12 @@ def asked_again(key: str) -> bool:
     return need is not None and need != st.session_state.get(f"{key}.need")
 
 
-def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns: int, key: str) -> None:
+def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns: int, key: str,
+                feed: str | None = None) -> None:
     """Draw the charts in a grid of `columns`; later calls with the same key update the same charts in
     place (matched by title), sending a figure with the next RESENDS refreshes after it changed and by
-    its stamp only after that."""
+    its stamp only after that. With `feed` (a path of the dashboard's live route, app/live_feed.py) the
+    frame itself keeps the charts up to date from there, without any page rerun."""
     charts = [c if isinstance(c, Chart) else chart(*c) for c in figures]
     state = st.session_state
     sent_key, need_key = f"{key}.sent", f"{key}.need"
@@ -221,7 +271,7 @@ def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns:
         stamp, times = sent.get(c.title, ("", 0))
         fresh = stamp != c.stamp or times < RESENDS
         args.append({"title": c.title, "stamp": c.stamp, "spec": c.spec if fresh else None})
-    _component()(charts=args, columns=columns, key=key, default=None)
+    _component()(charts=args, columns=columns, feed=feed, key=key, default=None)
     for c in charts:  # counted once the message is on its way (a refresh can be cut short before it)
         stamp, times = sent.get(c.title, ("", 0))
         sent[c.title] = (c.stamp, times + 1 if stamp == c.stamp else 1)

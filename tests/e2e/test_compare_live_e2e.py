@@ -118,3 +118,47 @@ def test_a_zoomed_live_compare_chart_draws_new_points_and_keeps_the_zoom(dashboa
         page.screenshot(path=str(SHOTS / "compare-live-zoom.png"), full_page=True)
     finally:
         page.close()
+
+
+def _run_chart(page) -> dict | None:
+    """The Run page's Loss chart (train/loss trace), from whichever frame draws it; None while not drawn."""
+    for frame in page.frames:
+        try:
+            found = frame.evaluate(CHART_JS, ["Loss", CHART])
+        except PlaywrightError:
+            continue
+        if found:
+            return found
+    return None
+
+
+def test_the_live_run_page_follows_new_points_from_its_route_and_keeps_the_zoom(dashboard, browser):
+    """The Run page of a running run: its charts are fed by the dashboard's live route (no page rerun per
+    point), draw new points in place with the user's zoom kept, and the page shows the end of the run."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    fed = []
+    page.on("response", lambda r: fed.append(r.status) if "/_torchdeck/live/" in r.url else None)
+    run_id = dashboard["ids"]["live"]
+    engine = make_engine(dashboard["db"])
+    try:
+        page.goto(f"{dashboard['url']}/run?id={run_id}")
+        start = _wait("the live run's loss curve", lambda: (c := _run_chart(page)) and c["last"] >= 40 and c)
+        last = int(start["last"])  # the Compare test before may have added points
+        zoom = [5, last - 5]
+        for frame in page.frames:
+            try:
+                if frame.evaluate(ZOOM_JS, ["Loss", zoom]):
+                    break
+            except PlaywrightError:
+                continue
+        _wait("the zoom", lambda: (c := _run_chart(page)) and c["range"] == pytest.approx(zoom))
+        repo.append_metrics(engine, run_id, [MetricPoint(CHART, s, 2.0 / s, 1) for s in range(last + 1, last + 21)])
+        state = _wait("the new points", lambda: (c := _run_chart(page)) and c["last"] == last + 20 and c)
+        assert state["range"] == pytest.approx(zoom)  # drawn in place: the user's zoom survives
+        assert 200 in fed  # the points came from the live route
+        assert page.get_by_text("completed").count() == 0
+        repo.finish_run(engine, run_id, "completed", summary={"status": "completed"})
+        page.get_by_text("completed").first.wait_for(timeout=WAIT_S * 1000)
+    finally:
+        engine.dispose()
+        page.close()
