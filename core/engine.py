@@ -19,6 +19,7 @@ from core.checkpoint import EarlyStopping, rng_state, save_checkpoint
 from core.config import RunSpec, TrainSpec
 from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
 from core.diagnosis import Diagnoser
+from core.distributed import SOLO, Ranks
 from core.events import Control, Sink
 from core.insight import Mistakes, confusion_scores, emit_histograms, log_histograms, store_gallery, top_confusions
 from core.models import Classifier
@@ -27,16 +28,12 @@ from core.names import (
     CLASS_ACC_PREFIX,
     MAX_CONFUSION_CLASSES,
     MAX_PER_CLASS_SHOWN,
-    DATA_WAIT,
-    DATA_WAIT_EPOCH,
     EPOCH_TIME,
     GRAD_NORM,
     GRAD_NORM_PREFIX,
     LR,
     LR_EPOCH,
     PEAK_MEMORY,
-    THROUGHPUT,
-    TRAIN_ACC,
     TRAIN_EPOCH_LOSS,
     TRAIN_LOSS,
     VAL_ACC,
@@ -47,6 +44,7 @@ from core.names import (
     update_ratio_key,
 )
 from core.optim import AmpStep, Schedule, apply_transfer, set_train_mode, trained_stages
+from core.tally import Tally
 
 
 # A loss this many times its first value is divergence even while still finite (lr 1e3 sends a
@@ -99,6 +97,7 @@ class Trainer:
     epoch: int = 0  # last completed epoch
     ref_loss: float | None = None  # the first logged loss, the yardstick for divergence
     history: list[dict[str, float]] = field(default_factory=list)
+    ranks: Ranks = SOLO  # this process's place in a run on several processes (core.distributed)
 
     def __post_init__(self) -> None:
         aug = self.spec.data.augment
@@ -138,42 +137,6 @@ def prepare(pre: Preprocess, x: torch.Tensor, gen: torch.Generator | None = None
     return x if x.is_floating_point() else pre(x, gen)
 
 
-class Tally:
-    """What an epoch and the current logging window have accumulated, kept on the device: reading it back
-    (`.item()`) is a host sync, done only at log steps and at the end of the epoch."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.loss, self.correct = torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long)
-        self.n, self.wait = 0, 0.0
-        self.win_loss, self.win_batches, self.win_samples, self.win_wait = torch.zeros((), device=device), 0, 0, 0.0
-        self.start = self.win_start = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, waited: float) -> None:
-        self.loss += loss.detach() * len(y)
-        self.correct += (logits.detach().argmax(1) == y).sum()
-        self.n += len(y)
-        self.wait += waited
-        self.win_loss += loss.detach()
-        self.win_batches += 1
-        self.win_samples += len(y)
-        self.win_wait += waited
-
-    def window(self) -> dict[str, float]:
-        """The logging window's figures, then a fresh window."""
-        now = time.perf_counter()
-        span = max(now - self.win_start, 1e-9)
-        out = {TRAIN_LOSS: (self.win_loss / self.win_batches).item(), THROUGHPUT: self.win_samples / span,
-               DATA_WAIT: self.win_wait / span}
-        self.win_loss.zero_()
-        self.win_batches, self.win_samples, self.win_wait, self.win_start = 0, 0, 0.0, now
-        return out
-
-    def epoch(self) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return {TRAIN_EPOCH_LOSS: (self.loss / max(self.n, 1)).item(), TRAIN_ACC: self.correct.item() / max(self.n, 1),
-                DATA_WAIT_EPOCH: self.wait / elapsed}
-
-
 class LayerProbe:
     """Per layer group, on a diagnostics step: the gradient norm before the update and ‖Δw‖/‖w‖ after it."""
 
@@ -206,22 +169,28 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
     spec = t.spec.train
     set_train_mode(t.model)
     t.train_batches.set_epoch(epoch)
-    gen = epoch_generator(t.spec.seed + 1, epoch, t.device) if t.pre_train.augment else None
+    # each rank its own augmentation stream (rank 0's is a single process's)
+    gen = epoch_generator(t.spec.seed + 1 + 7_919 * t.ranks.rank, epoch, t.device) if t.pre_train.augment else None
     params = [p for p in t.model.parameters() if p.requires_grad]
     n_micro = min(len(t.train_batches), (spec.steps_per_epoch or 10**12) * spec.accumulate)
     crit = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
-    tally, it = Tally(t.device), iter(t.train_batches)
+    tally, it = Tally(t.device, t.ranks), iter(t.train_batches)
     for i in range(n_micro):
         t0 = time.perf_counter()
         x, y = next(it)
         waited = time.perf_counter() - t0
         x = prepare(t.pre_train, x, gen)
-        with t.amp.autocast():
-            logits = t.forward(x)
-        loss = crit(logits.float(), y)  # cross-entropy on raw logits
-        t.amp.backward(loss / spec.accumulate)  # the mean over the accumulated batch
-        tally.add(loss, logits, y, waited)
-        if (i + 1) % spec.accumulate == 0 or i + 1 == n_micro:
+        final = (i + 1) % spec.accumulate == 0 or i + 1 == n_micro
+        with t.ranks.sync(final):  # several ranks: gradients are all-reduced on the final micro-step only
+            with t.amp.autocast():
+                logits = t.forward(x)
+            # cross-entropy on raw logits; a rank's empty share of a last batch still joins the all-reduce
+            loss = crit(logits.float(), y) if len(y) else logits.float().sum() * 0.0
+            scale = t.train_batches.loss_scale(i, len(y))
+            share = loss if scale == 1.0 else loss * scale
+            t.amp.backward(share / spec.accumulate)  # the mean over the accumulated batch
+        tally.add(loss, logits, y, waited, share)
+        if final:
             optimizer_step(t, params, tally, epoch)
             if t.control.should_stop():
                 raise Stopped()
@@ -266,9 +235,12 @@ def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, fl
     top5 = torch.zeros((), device=dev, dtype=torch.long)
     confusion = torch.zeros(c * c, device=dev, dtype=torch.long)
     crit = nn.CrossEntropyLoss(reduction="sum")
+    forward = t.ranks.eval_forward(t.forward, t.model)
     for x, y in t.val_batches:
+        if not len(y):  # a rank's empty share of the last batch
+            continue
         with t.amp.autocast():
-            logits = t.forward(prepare(t.pre_val, x)).float()
+            logits = forward(prepare(t.pre_val, x)).float()
         loss_sum += crit(logits, y)
         pred = logits.argmax(1)
         confusion += torch.bincount(y * c + pred, minlength=c * c)
@@ -277,6 +249,10 @@ def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, fl
         if c > 5:
             top5 += (logits.topk(5, dim=1).indices == y[:, None]).any(1).sum()
         n += len(y)
+    if t.ranks.world > 1:  # each rank saw its shard: sums and counts over the whole split
+        loss_sum, n, top5, confusion = t.ranks.sum_(loss_sum, n, top5, confusion)
+        if mistakes is not None:
+            t.ranks.merge_mistakes(mistakes)
     cm = confusion.view(c, c).cpu()
     m = {VAL_LOSS: (loss_sum / max(n, 1)).item(), VAL_ACC: float(cm.diag().sum()) / max(n, 1)}
     if c > 5:
@@ -298,7 +274,7 @@ def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
         "scaler": t.amp.scaler.state_dict(), "early_stopping": t.early.state_dict(), "epoch": epoch,
         "global_step": t.global_step, "rng": rng_state(), "spec": t.spec.model_dump(mode="json"),
         "data_info": t.data.info.to_dict(), "history": t.history,
-        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)}, "ref_loss": t.ref_loss,
+        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)}, "ref_loss": t.ref_loss, **t.ranks.rng_extra(),
     }
 
 
@@ -335,27 +311,35 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     monitor = t.spec.train.early_stopping.monitor
     value = m[TRAIN_EPOCH_LOSS] if monitor == TRAIN_LOSS else m[monitor]
     best = t.early.update(value, epoch)
-    if best:  # the epoch the best checkpoint holds: its most confident mistakes
+    if best and t.ranks.is_main:  # the epoch the best checkpoint holds: its most confident mistakes
         store_gallery(t.sink, t.data.val, names, mistakes, cm, epoch, t.out_dir)
     t.schedule.step_epoch(value)
     t.epoch = epoch
-    ck = t.spec.checkpoint
-    payload = _checkpoint_payload(t, epoch) if (ck.save_last or (ck.save_best and best)) else None
-    # Metrics up to this step must be stored before the checkpoint that a resumed run starts from,
-    # or a crash right after it would leave a gap no resume can fill. Sinks that buffer say so with flush();
-    # one that cannot store everything in time reports it itself (the worker's sink marks the run degraded).
-    flush = getattr(t.sink, "flush", None)
-    if payload is not None and flush is not None:
-        flush()
-    if ck.save_best and best:
-        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["best"], payload)
-    if ck.save_last:
-        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["last"], payload)
+    _save_checkpoints(t, epoch, best)
     if t.early.should_stop:
         t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
                      f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)
         return "early_stopped"
     return None
+
+
+def _save_checkpoints(t: Trainer, epoch: int, best: bool) -> None:
+    """best.pt / last.pt, as the spec asks; only rank 0 writes (every rank builds the payload: it gathers
+    the ranks' random states)."""
+    ck = t.spec.checkpoint
+    payload = _checkpoint_payload(t, epoch) if (ck.save_last or (ck.save_best and best)) else None
+    if payload is None or not t.ranks.is_main:
+        return
+    # Metrics up to this step must be stored before the checkpoint that a resumed run starts from,
+    # or a crash right after it would leave a gap no resume can fill. Sinks that buffer say so with flush();
+    # one that cannot store everything in time reports it itself (the worker's sink marks the run degraded).
+    flush = getattr(t.sink, "flush", None)
+    if flush is not None:
+        flush()
+    if ck.save_best and best:
+        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["best"], payload)
+    if ck.save_last:
+        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["last"], payload)
 
 
 def judge(t: Trainer, epoch: int) -> str | None:
@@ -376,6 +360,7 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
         return status
     for epoch in range(start_epoch, t.spec.train.epochs + 1):
         trained = apply_transfer(t.model, t.spec.model, epoch)
+        t.forward = t.ranks.wrap(t.model, t.forward)  # DDP is rebuilt when the trained layers change
         if epoch > 1 and trained != trained_stages(t.model, t.spec.model, epoch - 1):
             t.sink.event("lifecycle", "info", f"progressive unfreezing: training {', '.join(trained)} from epoch {epoch}",
                          {"code": "unfreeze", "stages": trained}, step=t.global_step)
@@ -384,7 +369,8 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
             train_m = train_one_epoch(t, epoch)
         except Stopped:
             return "cancelled"
-        status = end_epoch(t, epoch, train_m, time.perf_counter() - t0) or (epoch < t.spec.train.epochs and judge(t, epoch))
+        status = (t.ranks.agree(end_epoch(t, epoch, train_m, time.perf_counter() - t0))  # rank 0's verdict for all
+                  or (epoch < t.spec.train.epochs and judge(t, epoch)))
         if status:
             return status
         if t.control.should_stop():

@@ -128,6 +128,22 @@ class MultiSink:
             s.progress(done, total)
 
 
+class NullSink:
+    """Writes nothing: the sink of a run's ranks other than 0, whose figures rank 0 reports for the whole run."""
+
+    def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
+        pass
+
+    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
+        pass
+
+    def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
+        pass
+
+    def progress(self, done: int, total: int) -> None:
+        pass
+
+
 class MemorySink:
     """Keeps everything in lists; for tests and for callers that post-process."""
 

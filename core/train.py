@@ -24,8 +24,10 @@ from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
 from core.config import RunSpec
 from core.data import DataInfo, Preprocess, load_data, make_batches
 from core.diagnosis import ADVICE, Diagnoser
+from core.distributed import SOLO, RankLost, Ranks
 from core.engine import Diverged, Trainer, fit, prepare, steps_per_epoch
 from core.events import Control, NeverStop, Sink
+from core.launch import Launch, start_ranks
 from core.models import build_model, count_parameters, load_weights_file
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
@@ -58,7 +60,10 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device) -> Trainer:
+def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device,
+                  ranks: Ranks = SOLO) -> Trainer:
+    """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
+    global batch (train.batch_size / world each) and the model wrapped in DDP."""
     data = load_data(spec.data, spec.seed)
     info = data.info
     sink.event("lifecycle", "info", f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
@@ -83,17 +88,19 @@ def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device
     total, trainable = count_parameters(model)
     sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
                {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)})
-    forward = torch.compile(model) if spec.compile else model
+    forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
     optimizer = build_optimizer(model, spec.optim, spec.model)
-    train_b = make_batches(data.train, spec.train.batch_size, True, device, spec.seed, spec.loader)
-    val_b = make_batches(data.val, max(spec.train.batch_size, 256), False, device, spec.seed, spec.loader)
+    w = ranks.world
+    train_b = make_batches(data.train, spec.train.batch_size // w, True, device, spec.seed, spec.loader, ranks.rank, w)
+    val_b = make_batches(data.val, -(-max(spec.train.batch_size, 256) // w), False, device, spec.seed, spec.loader,
+                         ranks.rank, w)
     es = spec.train.early_stopping
     schedule = Schedule(optimizer, spec.schedule, steps_per_epoch(len(train_b), spec.train), spec.train.epochs,
                         es.resolved_mode)
     return Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=schedule,
                    amp=AmpStep(spec.train, device.type), data=data, train_batches=train_b, val_batches=val_b,
                    device=device, sink=sink, control=control, diagnoser=Diagnoser(sink),
-                   early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out)
+                   early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out, ranks=ranks)
 
 
 def _resume(t: Trainer, path: Path, sink: Sink) -> int:
@@ -107,7 +114,7 @@ def _resume(t: Trainer, path: Path, sink: Sink) -> int:
     t.global_step, t.epoch, t.history = ck["global_step"], ck["epoch"], list(ck["history"])
     t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
     t.ref_loss = ck["ref_loss"]
-    set_rng_state(ck["rng"])
+    set_rng_state(t.ranks.own_rng(ck))  # on several ranks, each its own streams
     sink.event("lifecycle", "info", f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
                {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]})
     return ck["epoch"] + 1
@@ -130,21 +137,28 @@ def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
 
 
 def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train one run to its end. Never raises for a run that merely failed: the summary says why."""
+    """Train one run to its end. Never raises for a run that merely failed: the summary says why.
+    With resources.gpus > 1 this process is rank 0 of the run's processes (core.launch); a lost one
+    raises core.distributed.RankLost instead of a summary (the run is resumed, not failed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.yaml").write_text(spec.to_yaml())
     control = control or NeverStop()
-    start, t, status, error = time.time(), None, "failed", None
+    start, t, status, error, launch = time.time(), None, "failed", None, None
     try:
         device = resolve_device(spec)
         check_memory(spec)
-        seed_everything(spec.seed, spec.deterministic)
-        t = build_trainer(spec, out, sink, control, device)
         last = out / "checkpoints" / CHECKPOINT_FILES["last"]
-        first_epoch = _resume(t, last, sink) if resume and last.is_file() else 1
+        resume = resume and last.is_file()
+        if spec.resources.gpus > 1:
+            launch = start_ranks(spec, out, device.type, resume)
+            device, control = launch.ranks.device, launch.control(control)
+        seed_everything(spec.seed, spec.deterministic)
+        t = build_trainer(spec, out, sink, control, device, launch.ranks if launch else SOLO)
+        first_epoch = _resume(t, last, sink) if resume else 1
         if first_epoch == 1:
             _preflight(t, out, sink)
+        launch and launch.announce(sink, spec)
         sink.event("lifecycle", "info", f"training epochs {first_epoch}..{spec.train.epochs}", {"code": "started"})
         status = fit(t, first_epoch)
     except Diverged as e:
@@ -155,10 +169,22 @@ def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Contro
         sink.event("diagnosis", "error", "CUDA out of memory", {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]},
                    step=t and t.global_step)
     except Exception as e:  # noqa: BLE001 - the run ends as failed with the traceback recorded
-        status, error = "failed", f"{e.__class__.__name__}: {e}"
-        sink.event("lifecycle", "error", error, {"code": "failed", "traceback": traceback.format_exc()}, step=t and t.global_step)
+        status, error = _failed(e, launch, sink, t)
+    finally:
+        launch and launch.close(finished=status not in ("failed", "diverged"), sink=sink)
     summary = _finish(t, spec, out, sink, status, error, time.time() - start)
     return summary
+
+
+def _failed(e: Exception, launch: Launch | None, sink: Sink, t: Trainer | None) -> tuple[str, str]:
+    """Record a failure; a lost rank is not one: RankLost propagates (the other ranks end in the caller's finally)."""
+    cause = launch.explain(e) if launch is not None else e
+    if isinstance(cause, RankLost):
+        raise cause from e
+    error = f"{cause.__class__.__name__}: {cause}"
+    tb = getattr(cause, "peer_traceback", None) or traceback.format_exc()
+    sink.event("lifecycle", "error", error, {"code": "failed", "traceback": tb}, step=t and t.global_step)
+    return "failed", error
 
 
 def _diagnose_divergence(t: Trainer, e: Diverged) -> None:

@@ -17,11 +17,11 @@ from db.types import EventRecord, RunRecord
 
 DISTRIBUTED_KIND = "distributed"  # the event training records once its ranks are up
 FIRST_EVENTS = 100  # it is among a run's first events: only these are read
-# The event's figures under the names training may give them, first found wins.
-_WORLD = ("world_size", "ranks", "processes", "gpus")
-_PER_RANK = ("batch_per_rank", "per_rank_batch", "rank_batch", "local_batch", "batch_size_per_rank")
-_GLOBAL = ("global_batch", "batch_global", "global_batch_size", "total_batch", "batch_size")
-_LR = ("lr", "learning_rate", "base_lr")
+# The event's figures (core/train.py records world_size, per_rank_batch, global_batch and lr).
+_WORLD = ("world_size",)
+_PER_RANK = ("per_rank_batch",)
+_GLOBAL = ("global_batch",)
+_LR = ("lr",)
 
 
 def _first(data: Mapping[str, Any], names: Sequence[str]) -> Any:

@@ -101,7 +101,7 @@ def test_the_run_page_shows_batch_per_rank_and_total_and_the_learning_rate(page,
     assert "4 processes on 4 GPUs: batch 32 per rank × 4 = 128 in total · learning rate 0.1" in line
     assert "from the spec" in line
     repo.append_events(engine, r.id, [EventInput("distributed", "info", "4 ranks up (nccl)", data={
-        "world_size": 4, "batch_per_rank": 32, "global_batch": 128, "lr": 0.4})])
+        "world_size": 4, "per_rank_batch": 32, "global_batch": 128, "lr": 0.4})])
     at = page("run.py", id=r.id)
     line = next(shown(c.value).text for c in at.caption if "Processes:" in c.value)
     assert "batch 32 per rank × 4 = 128 in total · learning rate 0.4 (optim.lr 0.1)" in line
