@@ -34,6 +34,7 @@ from core.names import RUN_QUEUES, RUN_TASK, gpu_key, is_run_queue, queue_of
 from worker.broker import run_ids_in_broker
 from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, RANK_LOST_EXIT, spare_main
+from worker.exits import describe_exit, run_processes
 from worker.notify import notify_run_end
 from worker.settings import WorkerSettings
 
@@ -48,18 +49,6 @@ def engine() -> Engine:
     if _engine is None:
         _engine = make_engine()
     return _engine
-
-
-def describe_exit(code: int | None) -> str:
-    """Turn a child's exit code into a reason a person can act on."""
-    if code is None:
-        return "the run process did not exit"
-    if code < 0:
-        sig = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        if -code == signal.SIGKILL:
-            return "killed by SIGKILL — out of memory? (the kernel's OOM killer sends SIGKILL; lower train.batch_size)"
-        return f"the run process was terminated by {sig}"
-    return f"the run process exited with code {code} before recording a result"
 
 
 def new_worker_id(node: str) -> str:
@@ -231,7 +220,9 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
                 log.warning("could not heartbeat run %s: %s", run_id, e)
         w.relay_cancel(now)
     code = proc.exitcode
-    if code == RANK_LOST_EXIT and w.gave_up is None:
+    # A run of several processes whose rank 0 (this process) was SIGKILLed lost a rank too: resumed, attempts bounded.
+    if w.gave_up is None and (code == RANK_LOST_EXIT or (code == -signal.SIGKILL and w.cancel_at is None
+                                                         and run_processes(engine(), run_id) > 1)):
         return resume_after_rank_loss(run_id, worker_id, s)
     if w.gave_up is not None or code == ABANDONED_EXIT:
         log.warning("run %s left to its new owner (%s)", run_id, w.gave_up or "its process gave it up")

@@ -1,6 +1,7 @@
 """A run of two processes (resources.gpus: 2, gloo on CPU) executed by a real Celery worker against a real
-Redis and database: one of its ranks killed with SIGKILL makes the run lost, it resumes from its last
-checkpoint and completes with every metric point stored once; a cancel stops every rank."""
+Redis and database: rank 1 or rank 0 killed with SIGKILL makes the run lost (no rank outlives rank 0), it
+resumes from its last checkpoint and completes with every metric point stored once; a cancel stops every
+rank."""
 
 from __future__ import annotations
 
@@ -37,6 +38,22 @@ def test_a_killed_rank_makes_the_run_lost_and_it_resumes_with_every_point_once(s
     assert codes.count("distributed") == 2  # each attempt ran as two processes
     total = r.summary["global_step"]
     assert _steps(stack, run_id, "train/loss") == list(range(1, total + 1))  # every step once, none lost
+    assert len(_steps(stack, run_id, "val/acc")) == 4
+
+
+def test_a_killed_rank_0_leaves_no_orphan_rank_and_the_run_resumes(stack):
+    worker = stack.start_worker("a")
+    run_id = stack.submit("train.epochs=4", "resources.gpus=2")
+    wait_for(lambda: (stack.run_dir(run_id) / "checkpoints" / "last.pt").is_file(), 300,
+             f"no checkpoint of {run_id}\n{stack.logs()}")
+    rank_1 = _rank_1(stack, worker)
+    stack.run_process(worker).kill()  # rank 0: the run's own process, which owns the sink
+    wait_for(lambda: not rank_1.is_running() or rank_1.status() == psutil.STATUS_ZOMBIE, 120,
+             "rank 1 outlived rank 0")
+    r = stack.wait(run_id, timeout=600)
+    assert r.status == "completed" and r.attempt == 2, (r.status, r.attempt, r.error)
+    total = r.summary["global_step"]
+    assert _steps(stack, run_id, "train/loss") == list(range(1, total + 1))
     assert len(_steps(stack, run_id, "val/acc")) == 4
 
 
