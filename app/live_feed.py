@@ -17,6 +17,7 @@ The route exists only where the dashboard is served through app/server.py (`torc
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import threading
 import time
@@ -30,7 +31,6 @@ from db import repo
 PATH = "/_torchdeck/live/"
 GRANT_IDLE_S = 600.0
 MAX_GRANTS = 10_000
-_state = {"served": False}
 
 
 @dataclass
@@ -45,13 +45,10 @@ _lock = threading.Lock()
 _grants: dict[str, Grant] = {}
 
 
-def serve() -> None:
-    """Called by app/server.py, which mounts the route: the Run page may hand out grants."""
-    _state["served"] = True
-
-
 def served() -> bool:
-    return _state["served"]
+    """Whether the dashboard is served through app/server.py, which mounts the route (and says so in the
+    environment of its process): only then does the Run page hand out grants."""
+    return os.environ.get("TORCHDECK_LIVE_FEED") == "1"
 
 
 def grant(run_id: str, xmode: str, smoothing: float) -> str:

@@ -15,6 +15,9 @@ from db import repo
 from db.types import NOTES_LEN
 
 K = frame.page_state("run")
+# Fed by the live route, the charts are also sent by the page this often: whatever the frame may have missed
+# (a reconnect, a grant dropped) is drawn within this time, at a few milliseconds of the browser's per second.
+FED_CHECK_S = 10.0
 
 
 def pick_run() -> None:
@@ -141,7 +144,7 @@ def chart_controls() -> tuple[str, float, int]:
     return xmode, smoothing, cols
 
 
-def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: bool) -> None:
+def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: bool, timed: bool = False) -> None:
     # While live, the run's record may be a moment old: the status fragment notices the end and reruns the page.
     # Fed by the live route, the charts rerun only when their frame asks (the run ended, a grant expired).
     fed = live and live_feed.served()
@@ -153,7 +156,11 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
     charts, counts = run_charts.figures(r, xmode, smoothing)
     if not charts:
         st.info("No metrics yet: the first points arrive after the first logged step.", icon=":material/hourglass:")
+        if fed and not timed:  # metrics none of the charts shows (yet): the frame waits for its charts itself
+            live_charts([], columns=ncols, key=K("charts"), feed=_feed(r.id, xmode, smoothing))
         return
+    if fed and timed:
+        st.rerun()  # the first points: the whole page once more, its charts then fed by the live route (no timer)
     feed = _feed(r.id, xmode, smoothing) if counts is not None and live_feed.served() else None
     live_charts(charts, columns=ncols, key=K("charts"), feed=feed)  # updated in place: zoom and legend survive
     if counts is not None and feed is None:
@@ -214,9 +221,11 @@ def main() -> None:
     if charts_tab.open is not False:
         with charts_tab:
             xmode, smoothing, ncols = chart_controls()
-            # Served with the live route, the chart frame follows the run itself: no timer rerun at all.
-            timer = queries.LIVE_S if active and not live_feed.served() else None
-            st.fragment(charts_view, run_every=timer)(r.id, xmode, smoothing, ncols, active)
+            # Served with the live route, the chart frame follows the run itself once it has points: the page
+            # refreshes the charts only every FED_CHECK_S then (before them, a refresh a second waits for the first).
+            fed = active and live_feed.served()
+            timer = (queries.REFRESH_S if not r.metrics else FED_CHECK_S) if fed else queries.LIVE_S if active else None
+            st.fragment(charts_view, run_every=timer)(r.id, xmode, smoothing, ncols, active, fed and not r.metrics)
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)

@@ -91,9 +91,16 @@ function drawable() {  // a redraw is waiting that will happen (its chart is on 
 function schedule() {
   if (queued) return;
   queued = true;
-  setTimeout(() => requestAnimationFrame(drawPending), waitFor());
+  setTimeout(() => {
+    // In an animation frame; a frame the browser does not paint yet (no height given to it so far) gets no
+    // animation frames, so a timer draws it instead, unless the tab is in the background.
+    requestAnimationFrame(drawPending);
+    setTimeout(() => { if (queued && !document.hidden) drawPending(); }, 300);
+  }, waitFor());
 }
-function drawPending() {  // in an animation frame: never while the tab is in the background
+document.addEventListener("visibilitychange", () => { if (!document.hidden && pending.size) schedule(); });
+function drawPending() {  // never while the tab is in the background
+  if (!queued) return;  // already drawn by the other of its two triggers
   queued = false;
   waitFor();
   for (const [title, item] of pending) {

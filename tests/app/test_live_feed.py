@@ -99,4 +99,5 @@ def test_the_dashboard_entry_mounts_the_route_beside_the_pages():
     command = launcher.ui_command(launcher.Path("/tmp"), 8599)
     assert command[command.index("run") + 1].endswith("app/server.py")
     source = (launcher.ROOT / "app" / "server.py").read_text()
-    assert "st.App(" in source and "live_feed.routes()" in source and "live_feed.serve()" in source
+    assert "st.App(" in source and f'"{live_feed.PATH}{{token}}"' in source and "live_feed.live(request)" in source
+    assert 'os.environ["TORCHDECK_LIVE_FEED"] = "1"' in source
