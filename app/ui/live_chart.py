@@ -88,19 +88,21 @@ function drawable() {  // a redraw is waiting that will happen (its chart is on 
   }
   return false;
 }
+let turn = 0;  // the latest schedule(): a trigger of an earlier one does nothing
 function schedule() {
   if (queued) return;
   queued = true;
+  const mine = ++turn;
+  const go = () => { if (queued && turn === mine) drawPending(); };
   setTimeout(() => {
     // In an animation frame; a frame the browser does not paint yet (no height given to it so far) gets no
     // animation frames, so a timer draws it instead, unless the tab is in the background.
-    requestAnimationFrame(drawPending);
-    setTimeout(() => { if (queued && !document.hidden) drawPending(); }, 300);
+    requestAnimationFrame(go);
+    setTimeout(() => { if (!document.hidden) go(); }, 300);
   }, waitFor());
 }
 document.addEventListener("visibilitychange", () => { if (!document.hidden && pending.size) schedule(); });
 function drawPending() {  // never while the tab is in the background
-  if (!queued) return;  // already drawn by the other of its two triggers
   queued = false;
   waitFor();
   for (const [title, item] of pending) {
