@@ -238,7 +238,7 @@ def write_secrets(home: Path) -> Path:
 
 def serve_options(home: Path) -> list[str]:
     """The `streamlit run` options that make serving the UI safe in this mode, or AuthNotConfigured
-    saying what to set. Local mode: 127.0.0.1 only. Team mode: sign-in required."""
+    saying what to set. Local mode: 127.0.0.1 only. Team mode: sign-in required, no error details shown."""
     address = os.environ.get(ADDRESS_ENV, "").strip()
     if not team_mode():
         if address and address not in LOOPBACK:
@@ -256,7 +256,10 @@ def serve_options(home: Path) -> list[str]:
             "https://<dashboard address>/oauth2callback, then set the TORCHDECK_OIDC_* variables "
             "(see .env.example); a cookie secret can be made with "
             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`.")
-    return ["--server.address", address or "0.0.0.0", "--secrets.files", str(write_secrets(home))]
+    # An uncaught error shows the visitor a generic message, never its traceback (the server's files) nor its
+    # text (which may quote data of another person); the whole error goes to the server's log.
+    return ["--server.address", address or "0.0.0.0", "--secrets.files", str(write_secrets(home)),
+            "--client.showErrorDetails", "none"]
 
 
 # --- in the dashboard (Streamlit) -----------------------------------------------------------------

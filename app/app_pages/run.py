@@ -169,12 +169,14 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
         run_charts.wait_for_more(r.id, counts, K("charts"))
 
 
-def _feed(run_id: str, xmode: str, smoothing: float) -> str:
-    """The live route's path for these charts (app/live_feed.py): one grant per session and settings."""
+def _feed(run_id: str, xmode: str, smoothing: float) -> dict[str, str] | None:
+    """The live route's path and a grant for these charts (app/live_feed.py): one grant per session and
+    settings, made again when it expired; None when none can be made (the page then refreshes the charts)."""
     key = K(f"feed.{run_id}.{xmode}.{smoothing}")
-    if key not in st.session_state or not live_feed.valid(st.session_state[key]):
-        st.session_state[key] = live_feed.grant(run_id, xmode, smoothing)
-    return live_feed.PATH + st.session_state[key]
+    token = st.session_state.get(key)
+    if token is None or not live_feed.valid(token):
+        token = st.session_state[key] = live_feed.grant(run_id, xmode, smoothing)
+    return None if token is None else {"path": live_feed.PATH, "grant": token}
 
 
 def live_details(run_id: str) -> None:

@@ -19,9 +19,9 @@ A live page refreshes several times a second, so each refresh costs as little as
 - the browser redraws a changed chart when it is on screen, and an off-screen one when it scrolls
   into view, within a budget (a token bucket: DRAW_SHARE of its time, BURST_MS saved for a chart that
   grows now and then); a background tab draws nothing;
-- given a `feed` (the Run page of a running run, served with app/live_feed.py's route), the frame asks
-  that route for what changed itself, one long poll at a time and only when its budget could draw the
-  answer: no page rerun per new point.
+- given a `feed` (the Run page of a running run, served with app/live_feed.py's route: its path and a
+  grant), the frame asks that route for what changed itself, one long poll at a time and only when its
+  budget could draw the answer: no page rerun per new point. The grant travels in a request header.
 """
 
 from __future__ import annotations
@@ -135,10 +135,11 @@ function askAgain() {  // a rerun of the charts with every figure (a new compone
   askedAt = performance.now();
   send("streamlit:setComponentValue", {value: Math.random().toString(36).slice(2), dataType: "json"});
 }
-let theme = {}, feed = null, polling = false;
+let theme = {}, feed = null, polling = false;  // feed: {url, grant} of the live route, or null
 const sleep = (ms) => new Promise(r => setTimeout(r, ms));
 // A running run's charts come from the dashboard's live route (app/live_feed.py) instead of page reruns:
-// one long poll at a time, none while the tab is hidden or a redraw is still waiting for its budget.
+// one long poll at a time, none while the tab is hidden or a redraw is still waiting for its budget. The grant
+// goes in a header, never in the URL (which proxies and browsers log).
 async function poll() {
   polling = true;
   while (feed) {
@@ -147,14 +148,21 @@ async function poll() {
     if (room > 0) { await sleep(room); continue; }
     const asked = feed;
     const have = Array.from(held.values(), h => h.stamp).join(",");
-    let body = null;
+    let body = null, refused = false;
     try {
-      const resp = await fetch(asked + "?have=" + encodeURIComponent(have), {cache: "no-store"});
-      if (resp.status === 404) { feed = null; askAgain(); break; }  // the grant expired: the page makes another
-      if (resp.ok) body = await resp.json();
+      const resp = await fetch(asked.url + "?have=" + encodeURIComponent(have),
+                               {cache: "no-store", headers: {"X-Torchdeck-Grant": asked.grant}});
+      refused = resp.status === 403 || resp.status === 404;  // expired, its session gone, another sign-in
+      if (resp.ok) body = await resp.json();  // 429 (too many polls at once) and errors: try again shortly
     } catch (e) { body = null; }
-    if (asked !== feed) continue;
-    if (!body) { await sleep(1000); continue; }  // the server is restarting: try again shortly
+    if (refused) {  // the page makes another grant: asked at most every 2 s, should it be refused at once again
+      const wait = askedAt + 2000 - performance.now();
+      if (wait > 0) await sleep(wait);
+      if (!feed || asked.grant !== feed.grant) continue;  // a new grant came meanwhile
+      feed = null; askAgain(); break;
+    }
+    if (!feed || asked.grant !== feed.grant) continue;
+    if (!body) { await sleep(1000); continue; }  // the server is restarting or busy: try again shortly
     if (body.finished) { feed = null; askAgain(); break; }  // the run ended: the page shows its final charts
     show(body.charts);
   }
@@ -166,7 +174,8 @@ window.addEventListener("message", (event) => {
   // The page's theme (light, dark or custom): text and grid lines in its colours, never a hard-coded white chart.
   theme = msg.theme || {};
   grid.style.gridTemplateColumns = "repeat(" + msg.args.columns + ", minmax(0, 1fr))";
-  feed = msg.args.feed ? new URL(msg.args.feed, window.location.href).href : null;  // this frame's own server
+  const given = msg.args.feed;  // the route on this frame's own server, and this session's grant
+  feed = given ? {url: new URL(given.path, window.location.href).href, grant: given.grant} : null;
   show(msg.args.charts);
   if (feed && !polling) poll();
 });
@@ -264,11 +273,11 @@ def asked_again(key: str) -> bool:
 
 
 def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns: int, key: str,
-                feed: str | None = None) -> None:
+                feed: dict[str, str] | None = None) -> None:
     """Draw the charts in a grid of `columns`; later calls with the same key update the same charts in
     place (matched by title), sending a figure with the next RESENDS refreshes after it changed and by
-    its stamp only after that. With `feed` (a path of the dashboard's live route, app/live_feed.py) the
-    frame itself keeps the charts up to date from there, without any page rerun."""
+    its stamp only after that. With `feed` ({"path": the dashboard's live route, "grant": a grant of it; see
+    app/live_feed.py}) the frame itself keeps the charts up to date from there, without any page rerun."""
     charts = [c if isinstance(c, Chart) else chart(*c) for c in figures]
     state = st.session_state
     sent_key, need_key = f"{key}.sent", f"{key}.need"

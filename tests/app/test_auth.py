@@ -215,6 +215,7 @@ def test_team_mode_writes_the_auth_secrets_for_streamlit(team, monkeypatch, tmp_
     monkeypatch.setenv("TORCHDECK_OIDC_CLIENT_SECRET", 'with "quotes" and \\ backslash')
     opts = auth.serve_options(tmp_path)
     assert opts[opts.index("--server.address") + 1] == "0.0.0.0"
+    assert opts[opts.index("--client.showErrorDetails") + 1] == "none"  # no traceback for visitors (Streamlit 1.67's values)
     path = tmp_path / "auth" / "secrets.toml"
     assert opts[opts.index("--secrets.files") + 1] == str(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # a client secret: this user only

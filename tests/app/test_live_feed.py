@@ -1,6 +1,8 @@
 """The live Run page's chart route (app/live_feed.py), over real HTTP requests against a real SQLite
 database: a grant serves its run's charts, a frame that has them all waits for new points and gets
-only the charts that grew, an unknown or expired grant is refused, and a finished run says so."""
+only the charts that grew, an unknown grant is refused, and a finished run says so. Who may hold a grant and
+for how long: tests/app/test_live_grants.py (on a real dashboard); here the grants' sessions are all taken as
+still there, these tests being about what the route answers."""
 
 from __future__ import annotations
 
@@ -12,24 +14,36 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from app import live_feed
+from app.live_feed import HEADER, PATH, Grants
 from db import repo
 from db.types import MetricPoint
 from tests.app.seeding import seed_run
 
 
 @pytest.fixture
-def client():
-    with TestClient(Starlette(routes=live_feed.routes())) as c:
+def grants(monkeypatch) -> Grants:
+    monkeypatch.delenv("TORCHDECK_MODE", raising=False)  # local mode: no identity
+    return Grants(alive=lambda _session: True)
+
+
+@pytest.fixture
+def client(grants):
+    # This machine's address: local mode refuses any other (app.auth.local_refusal).
+    with TestClient(Starlette(routes=live_feed.routes(grants)), client=("127.0.0.1", 50000)) as c:
         yield c
 
 
 def ask(client, token: str, have: list[str] | None = None):
-    return client.get(live_feed.PATH + token, params={"have": ",".join(have or [])})
+    return client.get(PATH, params={"have": ",".join(have or [])}, headers={HEADER: token})
 
 
-def test_a_grant_serves_its_running_runs_charts_with_every_figure(client, engine):
+def grant(grants: Grants, run_id: str) -> str:
+    return grants.make("session", None, run_id, "step", 0.0)
+
+
+def test_a_grant_serves_its_running_runs_charts_with_every_figure(client, grants, engine):
     r = seed_run(engine, "live", status="running", steps=20, epochs=1)
-    resp = ask(client, live_feed.grant(r.id, "step", 0.0))
+    resp = ask(client, grant(grants, r.id))
     assert resp.status_code == 200 and resp.headers["cache-control"] == "no-store"
     body = resp.json()
     assert body["finished"] is False
@@ -39,9 +53,9 @@ def test_a_grant_serves_its_running_runs_charts_with_every_figure(client, engine
     assert train["x"][-1] == 20 and len(train["x"]) == 20
 
 
-def test_a_frame_with_every_figure_gets_only_what_grew_once_it_grows(client, engine):
+def test_a_frame_with_every_figure_gets_only_what_grew_once_it_grows(client, grants, engine):
     r = seed_run(engine, "live", status="running", steps=20, epochs=1)
-    token = live_feed.grant(r.id, "step", 0.0)
+    token = grant(grants, r.id)
     first = ask(client, token).json()["charts"]
     have = [c["stamp"] for c in first]
     unchanged = ask(client, token, have).json()["charts"]  # nothing written: a bounded wait, then stamps only
@@ -63,41 +77,18 @@ def test_a_frame_with_every_figure_gets_only_what_grew_once_it_grows(client, eng
     assert train["x"][-1] == 21 and train["y"][-1] == 1.5
 
 
-def test_an_unknown_or_expired_grant_is_refused(client, engine, monkeypatch):
+def test_an_unknown_grant_is_refused_and_tokens_are_unguessable(client, grants, engine):
     r = seed_run(engine, "live", status="running", steps=5)
     assert ask(client, "not-a-grant").status_code == 404
-    token = live_feed.grant(r.id, "step", 0.0)
-    assert live_feed.valid(token)
-    monkeypatch.setattr(live_feed, "GRANT_IDLE_S", -1.0)  # every grant is now past its idle time
-    assert not live_feed.valid(token)
-    assert ask(client, token).status_code == 404
-    monkeypatch.setattr(live_feed, "GRANT_IDLE_S", 600.0)
-    assert ask(client, token).status_code == 404  # dropped for good, not revived
+    assert client.get(PATH).status_code == 404  # none at all
+    tokens = {grant(grants, r.id) for _ in range(5)}
+    assert len(tokens) == 5 and all(len(t) >= 32 for t in tokens)
 
 
-def test_grants_are_bounded_and_unguessable(engine, monkeypatch):
-    r = seed_run(engine, "live", status="running", steps=5)
-    monkeypatch.setattr(live_feed, "MAX_GRANTS", 3)
-    monkeypatch.setattr(live_feed, "_grants", {})
-    tokens = [live_feed.grant(r.id, "step", 0.0) for _ in range(5)]
-    assert len(set(tokens)) == 5 and all(len(t) >= 32 for t in tokens)
-    assert len(live_feed._grants) == 3 and not live_feed.valid(tokens[0]) and live_feed.valid(tokens[-1])
-
-
-def test_a_finished_or_deleted_run_says_so(client, engine):
+def test_a_finished_or_deleted_run_says_so(client, grants, engine):
     r = seed_run(engine, "done", status="running", steps=5)
-    token = live_feed.grant(r.id, "step", 0.0)
+    token = grant(grants, r.id)
     repo.finish_run(engine, r.id, "completed")
     assert ask(client, token).json() == {"finished": True, "charts": []}
-    gone = live_feed.grant("no-such-run", "step", 0.0)
+    gone = grant(grants, "no-such-run")
     assert ask(client, gone).json()["finished"] is True
-
-
-def test_the_dashboard_entry_mounts_the_route_beside_the_pages():
-    from app import launcher
-
-    command = launcher.ui_command(launcher.Path("/tmp"), 8599)
-    assert command[command.index("run") + 1].endswith("app/server.py")
-    source = (launcher.ROOT / "app" / "server.py").read_text()
-    assert "st.App(" in source and f'"{live_feed.PATH}{{token}}"' in source and "live_feed.live(request)" in source
-    assert 'os.environ["TORCHDECK_LIVE_FEED"] = "1"' in source

@@ -137,7 +137,7 @@ def test_the_live_run_page_follows_new_points_from_its_route_and_keeps_the_zoom(
     point), draw new points in place with the user's zoom kept, and the page shows the end of the run."""
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     fed = []
-    page.on("response", lambda r: fed.append(r.status) if "/_torchdeck/live/" in r.url else None)
+    page.on("response", lambda r: fed.append(r.status) if "/_torchdeck/live?" in r.url else None)
     run_id = dashboard["ids"]["live"]
     engine = make_engine(dashboard["db"])
     try:

@@ -3,7 +3,8 @@ templated to free ports and a throwaway certificate, `torchdeck ui` behind it. I
 deployment: sign-in) the page, its assets, the health endpoint and Streamlit's websocket
 (/_stcore/stream: upgrade, then a whole script run streamed back) work through the proxy, and HTTP
 redirects to HTTPS. In local mode (no sign-in) the dashboard refuses every request that came through
-the proxy, in a real Chromium, while it still answers this machine directly."""
+the proxy (its front door, app/http_guard.py, before any page or file), in a real Chromium, while it still
+answers this machine directly."""
 
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ http {{
 
 
 @contextmanager
-def behind_nginx(tmp: Path, mode: dict[str, str]) -> Iterator[dict]:
-    """`torchdeck ui` in `mode` (its environment) on a free port, the shipped nginx site in front of it."""
+def behind_nginx(tmp: Path, mode: dict[str, str], ready: int = 200) -> Iterator[dict]:
+    """`torchdeck ui` in `mode` (its environment) on a free port, the shipped nginx site in front of it; ready
+    once the health endpoint answers `ready` through nginx (local mode refuses it: 403)."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if nginx is None:
         pytest.fail("nginx is not installed (make test installs it: apt-get install nginx)", pytrace=False)
@@ -89,7 +91,7 @@ def behind_nginx(tmp: Path, mode: dict[str, str]) -> Iterator[dict]:
         assert checked.returncode == 0, checked.stderr
         proxy = subprocess.Popen([*base, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_http(f"http://127.0.0.1:{app_port}/_stcore/health", app, timeout=90, log=log)
-        _wait_proxy(https_port, proxy, tmp / "error.log")  # nginx and the app start side by side: either may be last
+        _wait_proxy(https_port, proxy, tmp / "error.log", ready)  # nginx and the app start side by side
         yield {"https": https_port, "http": http_port, "app": app_port, "tmp": tmp}
     finally:
         if proxy is not None:
@@ -107,7 +109,7 @@ def proxied(tmp_path_factory) -> Iterator[dict]:
 @pytest.fixture(scope="module")
 def proxied_local(tmp_path_factory) -> Iterator[dict]:
     """Local mode (no sign-in) put behind the shipped nginx anyway."""
-    with behind_nginx(tmp_path_factory.mktemp("proxy-local"), {"TORCHDECK_MODE": "local"}) as served:
+    with behind_nginx(tmp_path_factory.mktemp("proxy-local"), {"TORCHDECK_MODE": "local"}, ready=403) as served:
         yield served
 
 
@@ -137,8 +139,8 @@ def visit(browser, url: str):
     return page
 
 
-def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    """Until the health endpoint answers 200 through nginx (HTTPS), or fail with nginx's error log."""
+def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, ready: int = 200, timeout: float = 60) -> None:
+    """Until the health endpoint answers `ready` through nginx (HTTPS), or fail with nginx's error log."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -147,7 +149,7 @@ def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, timeout: float = 
         try:
             r = get(port, "/_stcore/health")
             r.read()
-            if r.status == 200:
+            if r.status == ready:
                 return
             last = r.status
         except OSError as e:
@@ -237,16 +239,20 @@ def test_team_mode_through_the_proxy_shows_the_sign_in_screen(proxied, browser):
 
 
 def test_local_mode_refuses_every_request_through_the_proxy(proxied_local, browser):
-    """Through nginx every visitor arrives from 127.0.0.1: the proxy's headers give them away."""
-    for path in ("/", "/new", "/workers"):
-        page = visit(browser, f"https://{HOST}:{proxied_local['https']}{path}")
-        try:
-            page.get_by_text("runs in local mode, without sign-in, and this request came through a proxy").wait_for()
-            page.get_by_text("run it with TORCHDECK_MODE=team").wait_for()
-            body = page.locator("body").inner_text()
-            assert "No runs yet" not in body and "New run" not in body and "Workers" not in body, path
-        finally:
-            page.context.close()
+    """Through nginx every visitor arrives from 127.0.0.1: the proxy's headers give them away, on every route."""
+    for path in ("/", "/new", "/workers", "/_stcore/health", "/_torchdeck/live", "/static/js/anything.js"):
+        refused = get(proxied_local["https"], path)
+        text = refused.read().decode()
+        assert refused.status == 403, path
+        assert "came through a proxy" in text and "run it with TORCHDECK_MODE=team" in text, path
+    page = browser.new_context(ignore_https_errors=True).new_page()  # what a visitor sees
+    try:
+        page.set_default_timeout(60_000)
+        page.goto(f"https://{HOST}:{proxied_local['https']}/run")
+        page.get_by_text("runs in local mode, without sign-in, and this request came through a proxy").wait_for()
+        assert "No runs yet" not in page.locator("body").inner_text()
+    finally:
+        page.context.close()
     direct = visit(browser, f"http://127.0.0.1:{proxied_local['app']}/")  # this machine, no proxy: served
     try:
         direct.get_by_text("No runs yet").wait_for()
