@@ -144,6 +144,9 @@ def _best(sweep_id: str, *, launch: bool, seeds: int, owner: str | None, **_: ob
     from app.cli_runs import _engine, cli_owner
     from app.sweeps import launch_best
 
-    runs = launch_best(sweep_id, owner=owner or cli_owner(), seeds=seeds, engine=_engine())
+    try:  # refused like any new run: a path it may not read, the owner's queued-runs limit
+        runs = launch_best(sweep_id, owner=owner or cli_owner(), seeds=seeds, engine=_engine())
+    except (RuntimeError, ValueError) as e:
+        _fail(str(e))
     for run in runs:
         typer.echo(run.id)

@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from app import queue_words
+from app import admission, queue_words
+from app.admission import DEFAULT_MAX_QUEUED, MAX_QUEUED_ENV, max_queued_per_owner  # noqa: F401 - this module's API
 from app.auth import PermissionDenied, User, check_can_modify
 from core.config import RunSpec
 from core.redact import redact
@@ -27,7 +28,6 @@ from db.repo import (
     RunRecord,
     RunStillActive,
     WorkerRecord,
-    create_run,
     delete_run,
     get_run,
     request_cancel,
@@ -127,37 +127,16 @@ def queue_status(queue: str, engine: Engine | None = None) -> QueueStatus:
     return QueueStatus(queue, tuple(w for w in alive if queue in w.queues), most)
 
 
-MAX_QUEUED_ENV = "TORCHDECK_MAX_QUEUED_PER_OWNER"
-DEFAULT_MAX_QUEUED = 100
-
-
-def max_queued_per_owner() -> int | None:
-    """Team mode: how many queued runs one person may have (TORCHDECK_MAX_QUEUED_PER_OWNER, default 100; 0 for
-    no limit). Local mode: no limit."""
-    from app.auth import team_mode
-
-    if not team_mode():
-        return None
-    raw = os.environ.get(MAX_QUEUED_ENV, "").strip()
-    try:
-        limit = int(raw) if raw else DEFAULT_MAX_QUEUED
-    except ValueError:
-        raise ValueError(f"{MAX_QUEUED_ENV}={raw!r} is not a whole number") from None
-    return limit if limit > 0 else None
-
-
 def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,
            parent_id: str | None = None, engine: Engine | None = None) -> RunRecord:
-    """Store a validated spec as a queued run and enqueue it. Invalid specs never get here:
-    RunSpec validation happens first (the form and the CLI show each field's error). Refused here: paths the
-    run may not read (app.paths: SpecError) and, in team mode, an owner over the queued-runs limit
-    (QueueLimitReached)."""
-    from app.paths import check_paths
-
+    """Store a validated spec as a queued run and enqueue it (the New run form, a clone, "start from a run's
+    weights", `torchdeck submit`, a re-run). Invalid specs never get here: RunSpec validation happens first
+    (the form and the CLI show each field's error). Refused by the gate of every new run (app.admission):
+    a field out of bounds or a path the run may not read (SpecError) and, in team mode, an owner over the
+    queued-runs limit (QueueLimitReached)."""
     engine = engine or get_engine()
-    spec = check_paths(spec, engine, artifact_root())
-    run = create_run(engine, spec.model_dump(mode="json"), name=name or spec.name, owner=owner, tags=tags or [],
-                     parent_id=parent_id, max_queued=max_queued_per_owner())
+    [run] = admission.store([spec], owner=owner, engine=engine, names=[name or spec.name], tags=tags or [],
+                             parent_id=parent_id)
     try:
         enqueue(run.id, spec)
     except Exception as e:
@@ -213,7 +192,7 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
 
 def rerun(run_id: str, *, owner: str, engine: Engine | None = None) -> RunRecord:
     """The same spec again, as a new queued run whose parent is the original, owned by whoever re-runs it
-    (a re-run is a clone: anyone may make one)."""
+    (a re-run is a clone: anyone may make one). Through the same gate as any new run (submit)."""
     engine = engine or get_engine()
     r = get_run(engine, run_id)
     return submit(spec_of(r), name=r.name, owner=owner, tags=list(r.tags), parent_id=r.id, engine=engine)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from app import admission
 from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
 from app.services import enqueue, get_engine, owner_label
 from core.config import RunSpec
@@ -25,25 +26,19 @@ def send(run: RunRecord) -> None:
 
 def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (),
                  engine: Engine | None = None) -> SweepRecord:
-    """Store the sweep and queue its first trials. The base spec's paths are checked like any run's."""
-    from app.paths import check_paths
-
-    from app.services import max_queued_per_owner
-
+    """Store the sweep and queue its first trials. The sweep is validated again (its space never names a file,
+    its grid is sized first); its base passes the gate of every new run (app.admission: bounds, the paths it
+    reads, room under the owner's queued-runs limit for its first configuration's runs). Its trials are
+    created by sweep.control under the same limit, stored with the sweep, each reading what the base reads."""
     engine = engine or get_engine()
-    limit, in_flight = max_queued_per_owner(), spec.budget.parallel * spec.seeds
+    spec = SweepSpec.from_dict(spec.model_dump(mode="json", by_alias=True))  # a model_copy is never validated
+    limit, in_flight = admission.max_queued_per_owner(), spec.budget.parallel * spec.seeds
     if limit is not None and in_flight > limit:
         raise ValueError(f"budget.parallel × seeds = {in_flight} runs in flight at once, more than the {limit} queued runs "
                          "this dashboard allows per person (TORCHDECK_MAX_QUEUED_PER_OWNER): lower budget.parallel")
-    base = check_paths(spec.base, engine, _artifact_root())
+    [base] = admission.admit([spec.base], owner=owner, engine=engine, room_for=spec.seeds)
     spec = spec.model_copy(update={"base": base})
-    return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags)
-
-
-def _artifact_root():
-    from app.services import artifact_root
-
-    return artifact_root()
+    return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags, max_queued=limit)
 
 
 def cancel_sweep(sweep_id: str, *, by: User, engine: Engine | None = None) -> SweepRecord:
@@ -84,6 +79,14 @@ def view(sweep_id: str, engine: Engine | None = None) -> SweepView:
     return SweepView(sweep, state.spec, state, outcomes, control.best(state))
 
 
+def waits_for_room(v: SweepView, engine: Engine | None = None) -> bool:
+    """Whether its next trial waits for its owner's queued runs to fall under the limit stored with the sweep."""
+    in_flight = sum(o.state == "running" for o in v.outcomes)
+    if v.sweep.finished or len(v.outcomes) >= v.spec.trials or in_flight >= v.spec.budget.parallel:
+        return False
+    return not control.has_room(engine or get_engine(), v.sweep, v.spec.seeds)
+
+
 def best_so_far(v: SweepView) -> list[tuple[int, float]]:
     """(trial number, best objective up to it) over the completed trials, in trial order."""
     out, best = [], None
@@ -97,14 +100,27 @@ def best_so_far(v: SweepView) -> list[tuple[int, float]]:
 
 
 def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | None = None) -> list[RunRecord]:
+    """The best configuration again as a new run (seeds=1) or seed group, owned by whoever asks (anyone may: it
+    is a clone), its parent the trial's first run; through the gate of every new run (app.admission)."""
     engine = engine or get_engine()
-    return control.launch_best(engine, repo.get_sweep(engine, sweep_id), owner=owner, send=send, seeds=seeds)
+    specs, parent_id = control.best_specs(engine, repo.get_sweep(engine, sweep_id), seeds)
+    runs = admission.store(specs, owner=owner, engine=engine, parent_id=parent_id,
+                           group_id=repo.new_group_id() if seeds > 1 else None)
+    control.send_all(send, runs)
+    return runs
 
 
 def repeat_with_seeds(run_id: str, k: int, *, owner: str, engine: Engine | None = None) -> list[RunRecord]:
-    """The run's spec again with k − 1 more seeds; together they are one seed group (anyone may: it is a clone)."""
+    """The run's spec again with k − 1 more seeds; together they are one seed group (anyone may: it is a clone).
+    Through the gate of every new run (app.admission): all k − 1 are stored, or none."""
     engine = engine or get_engine()
-    return control.repeat_with_seeds(engine, repo.get_run(engine, run_id), k, owner=owner, send=send)
+    run = repo.get_run(engine, run_id)
+    specs, group_id = control.repeat_specs(engine, run, k)
+    runs = admission.store(specs, owner=owner, engine=engine, parent_id=run.id, group_id=group_id)
+    if run.group_id is None:  # only once its repeats are stored: a refused repeat leaves the run as it was
+        repo.set_group(engine, run.id, group_id)
+    control.send_all(send, runs)
+    return runs
 
 
 @dataclass(frozen=True)

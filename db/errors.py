@@ -33,10 +33,11 @@ class RunStillActive(ValueError):
 class QueueLimitReached(ValueError):
     """An owner has as many queued runs as the deployment allows (TORCHDECK_MAX_QUEUED_PER_OWNER)."""
 
-    def __init__(self, owner: str, queued: int, limit: int) -> None:
+    def __init__(self, owner: str, queued: int, limit: int, adding: int = 1) -> None:
+        more = f", and these {adding} would make {queued + adding}" if adding > 1 else ""
         super().__init__(f"{owner} has {queued} queued runs; this dashboard allows {limit} per person "
-                         "(TORCHDECK_MAX_QUEUED_PER_OWNER): wait for some to start, or cancel some")
-        self.owner, self.queued, self.limit = owner, queued, limit
+                         f"(TORCHDECK_MAX_QUEUED_PER_OWNER){more}: wait for some to start, or cancel some")
+        self.owner, self.queued, self.limit, self.adding = owner, queued, limit, adding
 
 
 class NotOwned(RuntimeError):

@@ -37,11 +37,13 @@ from db.records import (
     upsert_worker,
 )
 from db.handoff import mark_run_lost
+from db.quota import queued_count
 from db.runs import (
     check_notes,
     check_tags,
     claim_run,
     create_run,
+    create_runs,
     delete_run,
     finish_run,
     get_run,
@@ -99,7 +101,7 @@ __all__ = [
     "ArtifactRecord", "Comparison", "DatasetRecord", "EventInput", "EventRecord",
     "HeartbeatReply", "MetricPoint", "MetricSummary", "RunPage", "RunRecord", "Series",
     "SeriesPoint", "WorkerRecord",
-    "create_run", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
+    "create_run", "create_runs", "queued_count", "get_run", "set_tags", "claim_run", "heartbeat", "request_cancel",
     "finish_run", "stale_runs", "mark_lost", "mark_run_lost", "mark_degraded", "unclaimed_runs", "delete_run", "list_runs",
     "append_metrics", "metric_keys", "point_problem", "series", "compare", "epoch_anchors", "iter_points",
     "owners_and_tags",

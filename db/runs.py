@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from core.names import spec_hash
 from core.redact import redact
 from db.engine import connection_scope, session_scope
-from db.errors import QueueLimitReached, RunNotFound, RunStillActive
+from db.errors import RunNotFound, RunStillActive
 from db.metrics import IN_CHUNK, lock_run_for_append, summaries
+from db.quota import check_queued
 from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
 from db.types import (
     CLAIMABLE_STATUSES,
@@ -68,25 +69,45 @@ def create_run(
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
-    stored_spec, digest = spec_json(spec)
-    run_id = new_id()
-    name = readable_name(spec, run_id) if name is None else name.strip()
-    _check_text("name", name, NAME_LEN)
-    _check_text("owner", owner, OWNER_LEN)
+    return create_runs(engine, [(spec, name)], owner=owner, tags=tags, parent_id=parent_id,
+                       max_queued=max_queued, group_id=group_id)[0]
+
+
+def create_runs(
+    engine: Engine,
+    runs: Sequence[tuple[Mapping[str, Any], str | None]],
+    *,
+    owner: str = "local",
+    tags: Iterable[str] = (),
+    parent_id: str | None = None,
+    max_queued: int | None = None,
+    group_id: str | None = None,
+) -> list[RunRecord]:
+    """Store several `queued` runs, each (spec as JSON data, name or None), in one transaction: all or none.
+    With `max_queued`, QueueLimitReached when the owner's queued runs and these would be more than that
+    (counted in the same transaction: a seed group never overshoots the limit half-way)."""
     tag_list = check_tags(tags)
+    rows = []
+    for spec, name in runs:
+        stored_spec, digest = spec_json(spec)
+        run_id = new_id()
+        name = readable_name(spec, run_id) if name is None else name.strip()
+        _check_text("name", name, NAME_LEN)
+        rows.append(Run(id=run_id, name=name, owner=owner, status="queued", spec=stored_spec, spec_hash=digest,
+                        created_at=utcnow(), attempt=0, summary={}, parent_id=parent_id, cancel_requested=False,
+                        group_id=group_id))
+    _check_text("owner", owner, OWNER_LEN)
     with session_scope(engine) as session:
         if parent_id is not None and session.get(Run, parent_id) is None:
             raise RunNotFound(parent_id)
         if max_queued is not None:
-            _check_queued(session, owner, max_queued)
-        session.add(Run(
-            id=run_id, name=name, owner=owner, status="queued", spec=stored_spec,
-            spec_hash=digest, created_at=utcnow(), attempt=0, summary={},
-            parent_id=parent_id, cancel_requested=False, group_id=group_id,
-        ))
-        session.flush()  # the run row must exist before its tags reference it
-        session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
-    return get_run(engine, run_id)
+            check_queued(session, owner, max_queued, adding=len(rows))
+        session.add_all(rows)
+        session.flush()  # the run rows must exist before their tags reference them
+        session.add_all(RunTag(run_id=row.id, tag=tag) for row in rows for tag in tag_list)
+    with connection_scope(engine) as conn:
+        found = load_runs(conn, [row.id for row in rows])
+    return [found[row.id] for row in rows]
 
 
 def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
@@ -95,17 +116,6 @@ def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
     named = [s["name"].strip() for s in (spec.get("data"), spec.get("model"))
              if isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"].strip()]
     return "-".join([*(named or ["run"]), run_id[:6]])[-NAME_LEN:]
-
-
-def _check_queued(session: Session, owner: str, limit: int) -> None:
-    """Concurrent submissions by one owner count one after the other: SQLite serialises writers, and
-    Postgres takes a per-owner transaction lock first."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"queued:{owner}"))))
-    queued = session.execute(select(func.count()).select_from(Run).where(
-        Run.owner == owner, Run.status == "queued")).scalar_one()
-    if queued >= limit:
-        raise QueueLimitReached(owner, queued, limit)
 
 
 def _check_text(field: str, value: str, limit: int) -> None:

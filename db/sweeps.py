@@ -17,6 +17,7 @@ from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, SweepNotFound
 from db.metrics import IN_CHUNK
 from db.models import Metric, Run, RunTag, Sweep, SweepDecision, SweepTrial
+from db.quota import check_queued
 from db.runs import _check_text, check_tags, get_run, load_runs, new_id, spec_json
 from db.types import (
     NAME_LEN,
@@ -33,15 +34,17 @@ from db.types import (
 RunToCreate = tuple[Mapping[str, Any], str]  # (validated run spec as JSON data, name)
 
 
-def create_sweep(engine: Engine, spec: Mapping[str, Any], *, name: str, owner: str) -> SweepRecord:
-    """Store a new `running` sweep (its trials are created as it advances)."""
+def create_sweep(engine: Engine, spec: Mapping[str, Any], *, name: str, owner: str,
+                 max_queued: int | None = None) -> SweepRecord:
+    """Store a new `running` sweep (its trials are created as it advances, each while its owner's queued runs
+    stay within `max_queued`)."""
     name = name.strip()
     _check_text("name", name, NAME_LEN)
     _check_text("owner", owner, OWNER_LEN)
     sweep_id = new_id()
     with session_scope(engine) as session:
         session.add(Sweep(id=sweep_id, name=name, owner=owner, status="running", spec=json_safe(dict(spec)),
-                          created_at=utcnow()))
+                          created_at=utcnow(), max_queued=max_queued))
     return get_sweep(engine, sweep_id)
 
 
@@ -64,7 +67,8 @@ def list_sweeps(engine: Engine, *, status: Sequence[str] = (), limit: int = 500)
 
 def _sweep(row: Any) -> SweepRecord:
     return SweepRecord(id=row.id, name=row.name, owner=row.owner, status=row.status, spec=row.spec,
-                       created_at=row.created_at, finished_at=row.finished_at, error=row.error)
+                       created_at=row.created_at, finished_at=row.finished_at, error=row.error,
+                       max_queued=row.max_queued)
 
 
 def finish_sweep(engine: Engine, sweep_id: str, status: str, error: str | None = None) -> bool:
@@ -85,15 +89,20 @@ def add_trial(
     runs: Sequence[RunToCreate], *, tags: Sequence[str] = (),
 ) -> list[RunRecord] | None:
     """Trial `number` of a running sweep with its runs (one per seed, one group), all `queued`, in one
-    transaction. None when that number is taken (another process advanced the sweep) or the sweep has ended."""
+    transaction. None when that number is taken (another process advanced the sweep) or the sweep has ended;
+    QueueLimitReached, storing nothing, when the owner's queued runs and these would be over the sweep's
+    `max_queued` (counted in this transaction: the trial waits for a later advance)."""
     group_id = new_id()
     tag_list = check_tags(tags)
     ids = []
     try:
         with session_scope(engine) as session:
-            alive = session.execute(select(Sweep.status).where(Sweep.id == sweep.id).with_for_update()).scalar_one()
+            alive, limit = session.execute(select(Sweep.status, Sweep.max_queued).where(Sweep.id == sweep.id)
+                                           .with_for_update()).one()
             if alive != "running":
                 return None
+            if limit is not None:  # the stored limit, whatever record the caller holds
+                check_queued(session, sweep.owner, limit, adding=len(runs))
             session.add(SweepTrial(sweep_id=sweep.id, number=number, params=json_safe(dict(params)),
                                    attrs=json_safe(dict(attrs)), created_at=utcnow()))
             session.flush()  # the primary key decides here who has this number

@@ -252,6 +252,7 @@ class SweepRecord:
     created_at: datetime
     finished_at: datetime | None
     error: str | None
+    max_queued: int | None = None  # the owner's queued-runs limit its trials are created under (None: none)
 
     @property
     def finished(self) -> bool:

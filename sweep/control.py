@@ -5,7 +5,10 @@ Nothing here runs in the background or owns a process. `advance` is called by wh
 the service that creates the sweep, a worker after each run of a sweep ends, and every worker's reaper (so a
 worker that died between a run's end and the advance delays the sweep by a reaper period, never stalls it).
 It is safe to call from many processes at once: a trial number is taken once, with its runs, in one
-transaction. Sending a run is the caller's (`send(run)`): the dashboard and the workers each have their
+transaction, and only while its owner's queued runs stay within the limit stored with the sweep (else the
+trial waits for a later advance). Each trial reads what its base was admitted to read (core.admission): the
+dashboard's gate (app/admission.py) admitted the base, and stores the runs of `best_specs` and
+`repeat_specs`. Sending a run is the caller's (`send(run)`): the dashboard and the workers each have their
 own way to reach the queue, and this package reaches none.
 """
 
@@ -18,8 +21,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from core.admission import check_trial
+from core.config import RunSpec
 from core.names import FINISHED_STATUSES
 from db import repo
+from db.errors import QueueLimitReached
 from db.runs import check_tags
 from db.types import RunRecord, SweepRecord
 from sweep import study
@@ -30,7 +36,7 @@ Send = Callable[[RunRecord], None]
 
 
 def spec_of(sweep: SweepRecord) -> SweepSpec:
-    return SweepSpec.model_validate(sweep.spec)
+    return SweepSpec.stored(sweep.spec)
 
 
 def load_state(engine: Engine, sweep: SweepRecord, runs: list[RunRecord] | None = None) -> study.SweepState:
@@ -42,12 +48,14 @@ def load_state(engine: Engine, sweep: SweepRecord, runs: list[RunRecord] | None 
 
 
 def create(engine: Engine, spec: SweepSpec, *, owner: str, send: Send, name: str | None = None,
-           tags: Sequence[str] = ()) -> SweepRecord:
-    """Store the sweep and queue its first trials (up to `parallel`)."""
+           tags: Sequence[str] = (), max_queued: int | None = None) -> SweepRecord:
+    """Store the sweep and queue its first trials (up to `parallel`, while the owner's queued runs stay within
+    `max_queued`, stored with the sweep for every later advance). Its base must have passed the dashboard's
+    gate (app.admission): each trial is checked against it (core.admission.check_trial)."""
     label = name or spec.name or f"{spec.base.data.name}-{spec.base.model.name}-{spec.method}"
     all_tags = check_tags([*spec.tags, *tags])  # each tag checked before anything is stored
     stored = spec.model_copy(update={"name": label, "tags": all_tags}).model_dump(mode="json", by_alias=True)
-    sweep = repo.create_sweep(engine, stored, name=label, owner=owner)
+    sweep = repo.create_sweep(engine, stored, name=label, owner=owner, max_queued=max_queued)
     advance(engine, sweep.id, send)
     return repo.get_sweep(engine, sweep.id)
 
@@ -57,8 +65,9 @@ def run_name(sweep: SweepRecord, number: int, seed_index: int, seeds: int) -> st
 
 
 def advance(engine: Engine, sweep_id: str, send: Send) -> list[RunRecord]:
-    """Queue new trials while fewer than `parallel` are in flight and the budget is not spent; end the sweep
-    once every trial is over. Returns the runs it queued."""
+    """Queue new trials while fewer than `parallel` are in flight, the budget is not spent and the owner's
+    queued runs leave room under the sweep's limit (else the trial waits for a later advance: every worker's
+    reaper advances every running sweep); end the sweep once every trial is over. Returns the runs it queued."""
     queued: list[RunRecord] = []
     for _ in range(1000):  # each round takes one trial number or returns
         sweep = repo.get_sweep(engine, sweep_id)
@@ -70,20 +79,50 @@ def advance(engine: Engine, sweep_id: str, send: Send) -> list[RunRecord]:
             if not in_flight:
                 repo.finish_sweep(engine, sweep_id, "completed")
             return queued
-        if len(in_flight) >= spec.budget.parallel:
+        if len(in_flight) >= spec.budget.parallel or not has_room(engine, sweep, spec.seeds):
             return queued  # (every reaper round comes here: no metric is read until a slot is free)
-        state = load_state(engine, sweep, runs)
-        number = len(state.trials)
-        if number >= spec.trials:
-            continue  # another process took the last trial between the two reads: the next round may end it
-        params, attrs = study.ask(state)
-        to_create = [(spec.run_spec(params, i, run_name(sweep, number, i, spec.seeds)).model_dump(mode="json"),
-                      run_name(sweep, number, i, spec.seeds)) for i in range(spec.seeds)]
-        created = repo.add_trial(engine, sweep, number, params, attrs, to_create, tags=spec.tags)
-        for run in created or ():
+        created = _next_trial(engine, sweep, spec, runs)
+        if created is None:
+            return queued
+        for run in created:
             _send(send, run)
-        queued += created or []
+        queued += created
     return queued
+
+
+def has_room(engine: Engine, sweep: SweepRecord, runs: int) -> bool:
+    """Whether `runs` more fit under the sweep's queued-runs limit beside its owner's queued runs: read before
+    the sampler is asked (the count that decides is taken again where the trial is stored, db add_trial)."""
+    return sweep.max_queued is None or repo.queued_count(engine, sweep.owner) + runs <= sweep.max_queued
+
+
+def _next_trial(engine: Engine, sweep: SweepRecord, spec: SweepSpec, runs: list[RunRecord]) -> list[RunRecord] | None:
+    """The next trial, stored with its runs; [] when another process took its number (the caller looks
+    again); None when it waits (its owner reached the limit meanwhile) or is refused (the sweep then fails)."""
+    state = load_state(engine, sweep, runs)
+    number = len(state.trials)
+    if number >= spec.trials:
+        return []  # another process took the last trial between the two reads: the next round may end it
+    params, attrs = study.ask(state)
+    names = [run_name(sweep, number, i, spec.seeds) for i in range(spec.seeds)]
+    try:  # a trial reads what its base was admitted to read, within the schema's bounds
+        specs = [check_trial(spec.run_spec(params, i, name), spec.base) for i, name in enumerate(names)]
+    except ValueError as e:  # SpecError, or pydantic's for a spec stored by an older version
+        log.warning("sweep %s: trial %d refused: %s", sweep.id, number, e)
+        repo.finish_sweep(engine, sweep.id, "failed", error=f"trial {number} refused: {e}")
+        return None
+    try:
+        created = repo.add_trial(engine, sweep, number, params, attrs,
+                                 [(s.model_dump(mode="json"), n) for s, n in zip(specs, names, strict=True)],
+                                 tags=spec.tags)
+    except QueueLimitReached:
+        return None  # a run of the owner's was queued since has_room: this trial waits for a later advance
+    return created or []
+
+
+def send_all(send: Send, runs: Sequence[RunRecord]) -> None:
+    for run in runs:
+        _send(send, run)
 
 
 def _send(send: Send, run: RunRecord) -> None:
@@ -154,40 +193,26 @@ def best(state: study.SweepState) -> Best | None:
                 [r.id for r in state.runs_of(top.number)])
 
 
-def launch_best(engine: Engine, sweep: SweepRecord, *, owner: str, send: Send, seeds: int = 1) -> list[RunRecord]:
-    """The best configuration as a new run (seeds=1) or seed group, its parent the trial's first run."""
+def best_specs(engine: Engine, sweep: SweepRecord, seeds: int = 1) -> tuple[list[RunSpec], str]:
+    """The best configuration's spec once per seed (a run, or a seed group), and its trial's first run (their
+    parent). Storing them is the caller's, through the dashboard's gate (app.sweeps.launch_best)."""
     state = load_state(engine, sweep)
     top = best(state)
     if top is None:
         raise ValueError(f"sweep {sweep.id} has no completed trial yet")
     specs = [state.spec.run_spec(top.params, i, f"{sweep.name} best" + (f" seed {i + 1}/{seeds}" if seeds > 1 else ""))
              for i in range(seeds)]
-    return _group(engine, specs, owner=owner, parent_id=top.run_ids[0], send=send)
+    return specs, top.run_ids[0]
 
 
-def repeat_with_seeds(engine: Engine, run: RunRecord, k: int, *, owner: str, send: Send) -> list[RunRecord]:
-    """Run `run`'s spec again with k − 1 more seeds (seed + 1, ...); with it they form one seed group."""
-    from core.config import RunSpec
-
+def repeat_specs(engine: Engine, run: RunRecord, k: int) -> tuple[list[RunSpec], str]:
+    """`run`'s spec with k − 1 more seeds (seed + 1, ..., none its seed group has yet), and the group they
+    form with it (the run's, or a new one the caller puts the run in once they are stored). Storing them is
+    the caller's, through the dashboard's gate (app.sweeps.repeat_with_seeds)."""
     if not 2 <= k <= 20:
         raise ValueError(f"repeat with 2 to 20 seeds, not {k}")
     base = RunSpec.model_validate(run.spec)
     group_id = run.group_id or repo.new_group_id()
-    if run.group_id is None:
-        repo.set_group(engine, run.id, group_id)
     taken = {int(r.spec.get("seed", 0)) for r in repo.group_runs(engine, group_id)} | {base.seed}
     seeds = [s for s in range(base.seed + 1, base.seed + 1 + len(taken) + k) if s not in taken][:k - 1]
-    specs = [base.model_copy(update={"seed": s, "name": f"{run.name} seed {s}"}) for s in seeds]
-    return _group(engine, specs, owner=owner, parent_id=run.id, send=send, group_id=group_id)
-
-
-def _group(engine: Engine, specs: list, *, owner: str, parent_id: str, send: Send,
-           group_id: str | None = None) -> list[RunRecord]:
-    group = group_id or (repo.new_group_id() if len(specs) > 1 else None)
-    out = []
-    for spec in specs:
-        run = repo.create_run(engine, spec.model_dump(mode="json"), name=spec.name, owner=owner, parent_id=parent_id,
-                              group_id=group)
-        _send(send, run)
-        out.append(run)
-    return out
+    return [base.model_copy(update={"seed": s, "name": f"{run.name} seed {s}"}) for s in seeds], group_id

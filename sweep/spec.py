@@ -13,6 +13,10 @@ pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}   # none | median | ash
 seeds: 1                # each configuration run with this many seeds, as one group
 ```
 
+A space never names a field that names a file or a dataset (core.admission.FILE_FIELDS): every trial reads
+what its base reads, which the dashboard checks when the sweep is launched. A grid is sized arithmetically,
+and refused above MAX_GRID with the field and its size, before any of its values is made.
+
 Torch-free: the dashboard and the CLI validate sweeps with it.
 """
 
@@ -23,9 +27,10 @@ from itertools import product
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from core import bounded_yaml
+from core.admission import FILE_FIELDS
 from core.config import RunSpec, SpecError, apply_overrides, describe_errors
 from core.names import OBJECTIVE_METRICS, PRUNERS, SWEEP_METHODS, TRAIN_EPOCH_LOSS, TRAIN_LOSS, is_loss
 
@@ -33,6 +38,9 @@ MAX_TRIALS = 2_000
 MAX_RUNS = 10_000  # trials × seeds
 MAX_CHOICES = 200
 MAX_PARAMS = 20
+MAX_GRID = MAX_RUNS  # configurations of a grid, and values of one of its dimensions
+MAX_STEPS = 2**53  # values of a stepped float range: beyond, neighbouring floats are no longer `step` apart
+MAX_SEED = 2**32 - 1
 NOT_SWEPT = ("name", "seed")  # a sweep names its runs, and `seeds` repeats a configuration with several seeds
 
 
@@ -69,6 +77,8 @@ class ParamSpec(_Section):
         low, high = getattr(self, given[0])
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
             raise ValueError(f"a range needs low < high, both finite; got [{low}, {high}]")
+        if self.uniform is not None:
+            _check_float_range(low, high, self.step)
         if self.loguniform is not None and low <= 0:
             raise ValueError(f"loguniform needs low > 0; got {low}")
         if self.step is not None and self.loguniform is not None:
@@ -81,21 +91,45 @@ class ParamSpec(_Section):
     def kind(self) -> str:
         return next(k.rstrip("_") for k in ("choice", "uniform", "loguniform", "int_") if getattr(self, k) is not None)
 
+    def points(self) -> int | None:
+        """How many values a grid takes from this dimension, counted without making them (a grid is sized, and
+        refused when too large, before any list is built); None for a range with neither num nor step."""
+        if self.choice is not None:
+            return len(self.choice)
+        if self.int_ is not None and self.num is not None:
+            return len(self._int_points())  # at most num (≤ MAX_CHOICES): rounding may merge some
+        if self.num is not None:
+            return self.num
+        if self.int_ is not None:
+            low, high = self.int_
+            return (high - low) // int(self.step or 1) + 1
+        if self.step is not None:
+            low, high = self.uniform  # type: ignore[misc]
+            return math.floor((high - low) / self.step + 1e-9) + 1  # finite and ≤ MAX_STEPS + 1: validated
+        return None
+
+    def _int_points(self) -> list[int]:
+        (low, high), n = self.int_, self.num  # type: ignore[misc]
+        return sorted({round(low + (high - low) * i / (n - 1)) for i in range(n)})
+
     def grid(self) -> list[Scalar]:
-        """The values a grid takes: the choices, an int range's integers, or num points (or step spacing) of a range."""
+        """The values a grid takes: the choices, an int range's integers, or num points (or step spacing) of a range.
+        Sized first: ValueError for more than MAX_GRID values, before any is made."""
+        n = self.points()
+        if n is None:
+            raise ValueError("a grid needs discrete values: give num (points of the range) or step")
+        if n > MAX_GRID:
+            raise ValueError(f"{n:,} grid points; a grid has at most {MAX_GRID:,}: raise the step, or give num")
         if self.choice is not None:
             return list(self.choice)
         if self.int_ is not None:
             low, high = self.int_
             if self.num is not None:
-                return sorted({round(low + (high - low) * i / (self.num - 1)) for i in range(self.num)})
+                return list(self._int_points())
             return list(range(low, high + 1, int(self.step or 1)))
         low, high = self.uniform or self.loguniform  # type: ignore[misc]
         if self.step is not None:
-            n = int(math.floor((high - low) / self.step + 1e-9)) + 1
             return [round(low + i * self.step, 12) for i in range(n)]
-        if self.num is None:
-            raise ValueError("a grid needs discrete values: give num (points of the range) or step")
         if self.loguniform is not None:
             return [float(f"{math.exp(math.log(low) + (math.log(high) - math.log(low)) * i / (self.num - 1)):.6g}")
                     for i in range(self.num)]
@@ -106,6 +140,19 @@ class ParamSpec(_Section):
         if self.choice is not None:
             return list(self.choice)
         return list(self.uniform or self.loguniform or self.int_)  # type: ignore[arg-type]
+
+
+def _check_float_range(low: float, high: float, step: float | None) -> None:
+    """A uniform range a float can span, and a step that cuts it into points floats tell apart (the count is
+    computed, never the points): an overflow is a field error, not a crash."""
+    if not math.isfinite(high - low):
+        raise ValueError(f"the range [{low:g}, {high:g}] is wider than a float can hold: narrow it")
+    if step is None:
+        return
+    count = (high - low) / step
+    if not math.isfinite(count) or count > MAX_STEPS:
+        raise ValueError(f"step {step:g} cuts [{low:g}, {high:g}] into {count:.3g} points, more than floats tell "
+                         f"apart ({MAX_STEPS:.3g}): raise the step")
 
 
 class ObjectiveSpec(_Section):
@@ -142,9 +189,13 @@ class SweepSpec(_Section):
     tags: list[str] = Field(default_factory=list, max_length=20, description="Tags of every trial's run.")
 
     @model_validator(mode="after")
-    def _check(self) -> SweepSpec:
+    def _check(self, info: ValidationInfo) -> SweepSpec:
+        stored = bool((info.context or {}).get("stored"))
         for path, param in self.space.items():
-            check_path(path, param, self.base)
+            check_path(path, param, self.base, stored=stored)
+        if self.base.seed + self.seeds - 1 > MAX_SEED:
+            raise ValueError(f"seeds: the base seed {self.base.seed} + {self.seeds - 1} is above {MAX_SEED}: "
+                             "lower base.seed")
         if self.method == "grid":
             size = self.grid_size()
             if self.budget.trials is not None and self.budget.trials < size:
@@ -168,7 +219,21 @@ class SweepSpec(_Section):
         return out
 
     def grid_size(self) -> int:
-        return math.prod(len(v) for v in self.grid_values().values())
+        """The grid's configurations, from each dimension's size (nothing built): ValueError naming the field for
+        a dimension that cannot be a grid, or one or a product above MAX_GRID (with its size)."""
+        size = 1
+        for path, param in self.space.items():
+            n = param.points()
+            if n is None:
+                raise ValueError(f"space.{path}: a grid needs discrete values: give num (points of the range) or step")
+            if n > MAX_GRID:
+                raise ValueError(f"space.{path}: {n:,} grid points; a grid has at most {MAX_GRID:,} configurations: "
+                                 "raise the step, or give num")
+            size *= n
+        if size > MAX_GRID:
+            raise ValueError(f"space: the grid has {size:,} configurations; at most {MAX_GRID:,}: shrink the space, "
+                             "or use method random or tpe")
+        return size
 
     @property
     def trials(self) -> int:
@@ -233,6 +298,12 @@ class SweepSpec(_Section):
         return cls.from_dict(data)
 
     @classmethod
+    def stored(cls, data: Any) -> SweepSpec:
+        """A sweep as stored. A space over a file-naming field, stored before such fields were refused, still
+        loads (its page shows it); the controller refuses each of its trials (core.admission.check_trial)."""
+        return cls.model_validate(data, context={"stored": True})
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepSpec:
         try:
             return cls.model_validate(data)
@@ -286,6 +357,11 @@ def known_paths(model: type[BaseModel] = RunSpec, prefix: str = "") -> list[str]
     return out
 
 
+def sweepable_paths() -> list[str]:
+    """The fields a space may name: every leaf field but `name`, `seed` and the fields naming files or datasets."""
+    return [p for p in known_paths() if p not in FILE_FIELDS]
+
+
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:
     *sections, leaf = path.split(".")
     node = data
@@ -294,14 +370,16 @@ def set_path(data: dict[str, Any], path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def check_path(path: str, param: ParamSpec, base: RunSpec) -> None:
-    """A known field, and every value the space can give it (choices, a range's ends) makes a valid run spec."""
+def check_path(path: str, param: ParamSpec, base: RunSpec, *, stored: bool = False) -> None:
+    """A sweepable field, and every value the space can give it (choices, a range's ends) makes a valid run spec."""
     if path in NOT_SWEPT:
         raise ValueError(f"space.{path}: not swept" + ("; use `seeds: k` to run each configuration with k seeds"
                                                        if path == "seed" else ""))
-    known = known_paths()
-    if path not in known:
-        raise ValueError(f"space.{path}: unknown field; known fields: {', '.join(known)}")
+    if path in FILE_FIELDS and not stored:
+        raise ValueError(f"space.{path}: names a file or a dataset, which a sweep never sweeps: every trial reads "
+                         "what its base reads, checked when the sweep is launched; set it in the base")
+    if path not in known_paths():
+        raise ValueError(f"space.{path}: unknown field; known fields: {', '.join(sweepable_paths())}")
     data = base.model_dump(mode="json")
     for value in param.bounds():
         trial = apply_overrides(data, [])

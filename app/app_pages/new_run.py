@@ -166,12 +166,15 @@ def owner_and_tags() -> tuple[str, list[str]]:
     return owner, tags
 
 
-def launch(spec: RunSpec) -> None:
+def launch(spec: RunSpec, slots: dict) -> None:
+    """Submit through the gate of every new run (app.admission); a refused field is also said beside it."""
     owner, tags = owner_and_tags()
     try:
         r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
                             engine=queries.engine())
     except (RuntimeError, ValueError) as e:
+        if isinstance(e, SpecError):  # a path the run may not read, a field out of bounds
+            spec_form.show_errors(slots, errors_by_field(list(e.errors))[0])
         st.error(f.md_text(e, multiline=True), icon=":material/error:")
         return
     queries.clear()
@@ -316,7 +319,7 @@ def main() -> None:
         elif launch_clicked and new_sweep.single_run_refused():
             st.error(new_sweep.single_run_refused(), icon=":material/tune:")
         elif launch_clicked:
-            launch(spec)
+            launch(spec, slots)
         elif preflight_clicked:
             show_preflight(spec)
         elif validate_clicked:

@@ -69,6 +69,9 @@ def status_line(v: sweeps.SweepView) -> None:
     b.markdown(sv.counts_text(v))
     if not v.sweep.finished:
         b.caption(f":material/autorenew: Live: this part of the page refreshes every {sv.REFRESH_S:g} s.")
+    if sweeps.waits_for_room(v, queries.engine()):
+        b.caption(f":material/hourglass_top: The next trial waits: its owner has as many queued runs as this "
+                  f"dashboard allows ({v.sweep.max_queued} per person); it is queued once some of them start.")
     elif v.sweep.finished_at is not None:
         b.caption(f"Ended {v.sweep.finished_at:%Y-%m-%d %H:%M:%S}: the page no longer refreshes.")
     if v.sweep.error:

@@ -23,14 +23,13 @@ from app.schema import FIELDS, FormField, field_for_error, set_path
 from app.ui import frame, queries, run_view, spec_form, sweep_view
 from core.config import RunSpec, SpecError
 from core.names import OBJECTIVE_METRICS, PRUNERS, SWEEP_METHODS
-from sweep.spec import MAX_TRIALS, NOT_SWEPT, ParamSpec, SweepSpec, SweepSpecError, known_paths
+from sweep.spec import MAX_CHOICES, MAX_TRIALS, ParamSpec, SweepSpec, SweepSpecError, sweepable_paths
 
 K = frame.page_state("nr.sw")
 PREFIX = K("")
 CHOICES = ("choice", "bool", "optbool")
-KNOWN = frozenset(known_paths())
-SWEEPABLE = tuple(x for x in FIELDS if x.kind in (*CHOICES, "int", "float") and x.path in KNOWN
-                  and x.path not in NOT_SWEPT)
+KNOWN = frozenset(sweepable_paths())  # never `name`, `seed`, nor a field naming a file or a dataset
+SWEEPABLE = tuple(x for x in FIELDS if x.kind in (*CHOICES, "int", "float") and x.path in KNOWN)
 BY_PATH = {x.path: x for x in SWEEPABLE}
 OPTBOOL = {"auto": None, "on": True, "off": False}
 AUTO = "auto"
@@ -366,7 +365,7 @@ def fill_sweep(spec: SweepSpec) -> list[str]:
         if x is None:
             notes.append(f"space.{path}: the form sweeps numeric and choice fields only; left out")
             continue
-        parts, note = _parts_of(x, param)
+        parts, note = _parts_of(x, param, spec.method)
         _set_parts(x, parts)
         if note:
             notes.append(f"space.{path}: {note}")
@@ -379,15 +378,23 @@ def fill_sweep(spec: SweepSpec) -> list[str]:
     return notes
 
 
-def _parts_of(x: FormField, p: ParamSpec) -> tuple[dict[str, Any], str | None]:
+def _parts_of(x: FormField, p: ParamSpec, method: str) -> tuple[dict[str, Any], str | None]:
+    """The widgets' values for one dimension. A stepped range is shown as the values it gives only when it is
+    a validated grid's (sized before it was accepted) or has at most MAX_CHOICES values, counted first: a
+    random or TPE range is never listed point by point."""
     if x.kind in CHOICES:
-        return {"values": [_shown(x, v) for v in p.grid()]}, None
+        return {"values": [_shown(x, v) for v in (p.choice if p.choice is not None else p.grid())]}, None
     cast = int if x.kind == "int" else float
-    if p.choice is not None or p.step is not None:
-        values = [cast(v) for v in p.grid()]
+    listed = p.choice is not None or (p.step is not None and (method == "grid" or (p.points() or 0) <= MAX_CHOICES))
+    if listed:
+        values = [cast(v) for v in (p.choice if p.choice is not None else p.grid())]
         note = "its step is shown as the values it gives" if p.step is not None else None
         return {"low": min(values), "high": max(values), "scale": "linear", "num": None,
                 "values": ", ".join(f"{v:g}" for v in values)}, note
     low, high = p.uniform or p.loguniform or p.int_
+    if p.step is not None:  # random or TPE over more values than the form lists: the range, sampled evenly
+        return {"low": cast(low), "high": cast(high), "scale": "linear", "num": None, "values": ""}, \
+            (f"its step {p.step:g} gives {p.points():,} values, more than the form lists ({MAX_CHOICES}): the form "
+             "samples the range evenly instead")
     scale = "log" if p.loguniform is not None else "linear"
     return {"low": cast(low), "high": cast(high), "scale": scale, "num": p.num, "values": ""}, None

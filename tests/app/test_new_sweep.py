@@ -159,5 +159,47 @@ def test_a_bad_sweep_yaml_names_its_fields(page):
     assert "method: Input should be 'grid', 'random' or 'tpe'" in errors
     at.file_uploader(key="nr.sw.upload").upload("bad2.yaml", b"space: {optim.lrr: {choice: [1]}}\n")
     errors = " ".join(e.value for e in at.run().error).replace("\\", "")
-    assert "space.optim.lrr: unknown field; known fields: data.name" in errors
+    assert "space.optim.lrr: unknown field; known fields: data.val_fraction" in errors
     assert not at.checkbox(key=LR).value
+
+
+STEPPED = "base: {{data: {{name: digits}}}}\nspace: {{optim.momentum: {{uniform: [0.0, 0.9], step: {step}}}}}\nmethod: {method}\n"
+
+
+def test_a_random_sweeps_stepped_range_fills_the_form_as_its_range_not_its_values(page):
+    """The form's sweep filler listed every value of a stepped range, even for random and TPE (10^12 values for
+    step 1e-12): a range with more values than the form lists (200) is now shown as its range."""
+    at = page("new_run.py")
+    at.text_area(key="nr.sw.paste").input(STEPPED.format(step="1.0e-5", method="random"))
+    at = _click(at, "Fill the form from the pasted sweep")
+    assert not at.exception
+    assert at.text_input(key="nr.sw.r.optim.momentum.values").value == ""
+    assert (at.number_input(key="nr.sw.r.optim.momentum.low").value,
+            at.number_input(key="nr.sw.r.optim.momentum.high").value) == (0.0, pytest.approx(0.9))
+    assert any("90,001 values, more than the form lists" in w.value for w in at.warning)
+    at.text_area(key="nr.sw.paste").input(STEPPED.format(step="0.3", method="tpe"))  # a few values: listed
+    at = _click(at, "Fill the form from the pasted sweep")
+    assert at.text_input(key="nr.sw.r.optim.momentum.values").value == "0, 0.3, 0.6, 0.9"
+
+
+def test_the_forms_sweep_filler_never_builds_a_random_or_tpe_grid():
+    from tests._bounded import run_bounded
+
+    found = run_bounded(f"""
+        import logging
+        logging.disable(logging.WARNING)
+        from app.ui import new_sweep
+        from sweep.spec import SweepSpec
+        CAP
+        out = {{}}
+        text = {STEPPED.format(step="1.0e-12", method="METHOD")!r}
+        for method in ("random", "tpe"):
+            spec = SweepSpec.from_yaml(text.replace("METHOD", method))
+            out[method] = measure(lambda: new_sweep._parts_of(new_sweep.BY_PATH["optim.momentum"],
+                                                             spec.space["optim.momentum"], spec.method))
+        print(json.dumps(out))
+    """)
+    for method, result in found.items():
+        parts, note = result["value"]
+        assert parts["values"] == "" and "900,000,000,001 values" in note, (method, result)
+        assert result["peak"] < 50 * 2**20, (method, result["peak"])

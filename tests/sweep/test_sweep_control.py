@@ -143,15 +143,24 @@ def test_seeds_make_groups_and_the_best_is_their_mean(engine) -> None:
     assert first.value == pytest.approx(0.68) and first.std == pytest.approx(0.01)
 
 
+def repeat(engine, run, k: int) -> list:
+    """What app.sweeps.repeat_with_seeds stores once its gate admitted the specs (tests/app test the gate)."""
+    specs, group_id = control.repeat_specs(engine, run, k)
+    made = repo.create_runs(engine, [(s.model_dump(mode="json"), s.name) for s in specs], owner="bo",
+                            parent_id=run.id, group_id=group_id)
+    if run.group_id is None:
+        repo.set_group(engine, run.id, group_id)
+    return made
+
+
 def test_repeating_a_run_twice_never_repeats_a_seed(engine) -> None:
-    queue = Queue()
     run = repo.create_run(engine, BASE.model_dump(mode="json"), name="base run", owner="ana")
-    first = control.repeat_with_seeds(engine, run, 3, owner="bo", send=queue)
+    first = repeat(engine, run, 3)
     assert [r.spec["seed"] for r in first] == [8, 9] and {r.parent_id for r in first} == {run.id}
-    again = control.repeat_with_seeds(engine, repo.get_run(engine, first[0].id), 3, owner="bo", send=queue)
+    again = repeat(engine, repo.get_run(engine, first[0].id), 3)
     group = repo.group_runs(engine, repo.get_run(engine, run.id).group_id)
     assert sorted(r.spec["seed"] for r in group) == [7, 8, 9, 10, 11] and len(again) == 2
-    assert sorted(queue.sent) == sorted(r.id for r in first + again)
+    assert {r.group_id for r in first + again} == {repo.get_run(engine, run.id).group_id}
 
 
 def test_a_sweeps_tags_go_to_every_trial_and_survive_a_yaml_round_trip(engine) -> None:
@@ -192,3 +201,49 @@ def test_a_trial_taken_by_another_process_between_reads_never_makes_one_too_many
         control.advance(engine, sweep.id, Queue())
     assert raced
     assert [t.number for t in repo.trials(engine, sweep.id)] == list(range(8))
+
+
+# --- the gate's rules for trials, applied by the controller (worker-side too) ------------------------------
+def test_a_trial_waits_while_its_owner_is_at_the_queued_runs_limit(engine) -> None:
+    """The limit stored with the sweep: a trial whose runs would take its owner past it is created at a later
+    advance (every worker's reaper advances every running sweep), never beyond it."""
+    own = repo.create_run(engine, BASE.model_dump(mode="json"), name="ana's own run", owner="ana")
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(seeds=2, budget={"parallel": 3}), owner="ana", send=queue, max_queued=4)
+    assert len(queue.sent) == 2 and repo.queued_count(engine, "ana") == 3  # the next trial needs two places
+    assert control.advance(engine, sweep.id, queue) == [] and len(repo.trials(engine, sweep.id)) == 1
+    repo.request_cancel(engine, own.id)  # a place frees
+    assert len(control.advance(engine, sweep.id, queue)) == 2 and repo.queued_count(engine, "ana") == 4
+    for run_id in queue.sent[:2]:  # the first trial's runs start: the third trial fits, parallel allows it
+        repo.claim_run(engine, run_id, "w1")
+    assert len(control.advance(engine, sweep.id, queue)) == 2 and repo.queued_count(engine, "ana") == 4
+
+
+def test_the_limit_is_counted_again_where_a_trial_is_stored(engine) -> None:
+    """A run queued between the controller's look and the trial's transaction: the transaction refuses the
+    trial (the stored limit, whatever record the caller holds) and leaves its number free."""
+    from dataclasses import replace
+
+    sweep = repo.create_sweep(engine, sweep_spec().model_dump(mode="json", by_alias=True), name="s", owner="ana",
+                              max_queued=1)
+    repo.create_run(engine, BASE.model_dump(mode="json"), name="queued meanwhile", owner="ana")
+    with pytest.raises(repo.QueueLimitReached, match="ana has 1 queued runs; this dashboard allows 1"):
+        repo.add_trial(engine, replace(sweep, max_queued=None), 0, {}, {}, [(BASE.model_dump(mode="json"), "s #0")])
+    assert repo.trials(engine, sweep.id) == [] and len(repo.sweep_runs(engine, sweep.id)) == 0
+
+
+def test_a_stored_sweep_over_a_file_never_gets_a_trial(engine) -> None:
+    """A sweep over model.weights_file, stored before such spaces were refused: it still loads (its page shows
+    it), and the controller refuses its trial, naming the field, and ends it."""
+    from sweep.spec import SweepSpecError
+
+    data = {**sweep_spec().model_dump(mode="json", by_alias=True),
+            "space": {"model.weights_file": {"choice": ["/etc/shadow"]}}}
+    with pytest.raises(SweepSpecError, match="space.model.weights_file: names a file or a dataset"):
+        SweepSpec.from_dict(data)
+    sweep = repo.create_sweep(engine, data, name="old", owner="ana")
+    assert control.spec_of(sweep).space["model.weights_file"].choice == ["/etc/shadow"]
+    assert control.advance(engine, sweep.id, Queue()) == []
+    after = repo.get_sweep(engine, sweep.id)
+    assert after.status == "failed" and "model.weights_file" in after.error
+    assert repo.trials(engine, sweep.id) == [] and repo.sweep_runs(engine, sweep.id) == []

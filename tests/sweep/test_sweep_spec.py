@@ -62,3 +62,57 @@ def test_a_pruner_needs_more_than_one_epoch_and_yaml_is_bounded():
         SweepSpec.from_yaml("space: {optim.lr: {choice: [0.1, 0.01]}}\npruner: {kind: asha}", base=one)
     assert "pruner.kind" in dict(e.value.errors)
     assert "(root)" in errors("a: &a [*a, *a]\n" + "b: &b [" + ", ".join(["*a"] * 10) + "]\n" * 1 + "- not yaml: [")
+
+
+def test_fields_naming_files_or_datasets_are_never_swept():
+    from core.admission import FILE_FIELDS
+    from sweep.spec import sweepable_paths
+
+    assert set(FILE_FIELDS) == {"data.name", "data.path", "data.download", "model.weights_file"}
+    for field, values in (("model.weights_file", ["/etc/shadow"]), ("data.path", ["/etc"]), ("data.name", ["mnist"]),
+                          ("data.download", [True, False])):
+        for method in ("grid", "random", "tpe"):
+            found = errors(f"space: {{{field}: {{choice: {values}}}}}\nmethod: {method}")
+            assert list(found) == [f"space.{field}"] and "names a file or a dataset" in found[f"space.{field}"]
+    assert not set(FILE_FIELDS) & set(sweepable_paths()) and set(sweepable_paths()) < set(known_paths())
+
+
+# Specs that made the old validation build a grid of 10^9 to 10^12 points (a MemoryError after 6.6 s of CPU
+# under 600 MB, 15 GB without a limit) or raise an uncaught OverflowError: each must be refused with its field
+# (and the grid's size) before any list is built.
+BOMBS = {
+    "grid, step 1e-12": ("space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-12}}\nmethod: grid",
+                         "space.optim.momentum", "grid points"),
+    "grid, step 1e-9": ("space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-9}}\nmethod: grid",
+                        "space.optim.momentum", "grid points"),
+    "grid, 10^15 integers": ("space: {model.unfreeze_at_epoch: {int: [1, 1000000000000000]}}\nmethod: grid",
+                             "space.model.unfreeze_at_epoch", "1,000,000,000,000,000 grid points"),
+    "grid, 10^6 configurations": ("space:\n  optim.lr: {loguniform: [1.0e-5, 1.0e-1], num: 100}\n"
+                                  "  optim.momentum: {uniform: [0.0, 0.9], num: 100}\n"
+                                  "  optim.weight_decay: {uniform: [0.0, 0.1], num: 100}\nmethod: grid",
+                                  "space", "the grid has 1,000,000 configurations"),
+    "random, step 1e-300 overflows": ("space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\n"
+                                      "method: random", "space.optim.lr", "into inf points"),
+    "grid, step 1e-300 overflows": ("space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\n"
+                                    "method: grid", "space.optim.lr", "into inf points"),
+}
+
+
+def test_grids_are_sized_arithmetically_and_bounded_before_anything_is_built():
+    from tests._bounded import run_bounded
+
+    found = run_bounded(f"""
+        from core.config import RunSpec
+        from sweep.spec import SweepSpec
+        base = RunSpec.model_validate({{"data": {{"name": "digits"}}, "train": {{"epochs": 6}}}})
+        CAP
+        texts = {{name: text for name, (text, _, _) in {BOMBS!r}.items()}}
+        print(json.dumps({{name: measure(lambda: SweepSpec.from_yaml(text, base=base) and "accepted")
+                          for name, text in texts.items()}}))
+    """)
+    for name, (_, field, words) in BOMBS.items():
+        result = found[name]
+        assert result.get("raised") == "SweepSpecError", (name, result)
+        message = dict(map(tuple, result["errors"])).get(field, "")
+        assert words in message, (name, result["errors"])
+        assert result["peak"] < 50 * 2**20, (name, result["peak"])  # and no list of the grid's points
