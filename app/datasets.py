@@ -4,8 +4,11 @@ An upload is untrusted. Refused, each with a message that says what to fix: anyt
 a zip; entries that would land outside the target folder (absolute paths, `..`, links: zip-slip);
 archives that inflate beyond the limits or at an absurd ratio (zip bombs; sizes are counted while
 extracting, not believed from the headers); files that are not images (by extension and by
-decoding them); fewer than two classes; images outside a class folder. Nothing is written outside
-the datasets folder, and a refused upload leaves nothing behind."""
+decoding them); fewer than two classes; images outside a class folder; archives whose list of files is
+too long to read (its size and entry count are read from the archive's end record, and its entries
+counted, before zipfile parses it: app/zip_directory.py). Nothing is written outside the datasets folder,
+and a refused upload leaves nothing behind. A stored upload gets its preview thumbnails at once
+(app/dataset_previews.py), beside its folder."""
 
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ import stat
 import tempfile
 import unicodedata
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from sqlalchemy import Engine
 
+from app import dataset_previews, zip_directory
 from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
 from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME, MAX_IMAGE_PIXELS
 from db import repo
@@ -32,6 +36,8 @@ from db.engine import data_home
 MAX_UPLOAD_MB = int(os.environ.get("TORCHDECK_MAX_UPLOAD_MB", "200"))
 MAX_UNPACKED_MB = int(os.environ.get("TORCHDECK_MAX_UNPACKED_MB", "2048"))
 MAX_FILES = 200_000
+MAX_ENTRIES = 2 * MAX_FILES + 10_000  # with their folders, and macOS's __MACOSX/ copy of each file
+MAX_DIRECTORY_MB = 96  # the archive's list of files, which zipfile reads whole (~130 bytes an entry)
 MAX_RATIO = 200  # images barely compress; text-like ratios this high are bombs
 _IGNORED = ("__MACOSX/", ".DS_Store", "Thumbs.db", "desktop.ini")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -197,7 +203,9 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
         raise UploadRefused(f"the folder {final} exists already; upload again")
     if not zipfile.is_zipfile(data):
         raise UploadRefused("this is not a zip archive")
-    data.seek(0)
+    too_long = zip_directory.check(data, MAX_ENTRIES, MAX_DIRECTORY_MB << 20)  # before zipfile parses it
+    if too_long:
+        raise UploadRefused(f"{too_long} (at most {MAX_FILES:,} images)")
     tmp = Path(tempfile.mkdtemp(prefix=".upload-", dir=root)).resolve()
     try:
         with zipfile.ZipFile(data) as zf:
@@ -209,9 +217,11 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     try:
+        dataset_previews.make(final)
         publish(final.name, final)
     except Exception as e:  # noqa: BLE001 - any store failure refuses the upload, leaving nothing
         shutil.rmtree(final, ignore_errors=True)
+        dataset_previews.remove(final)
         raise UploadRefused(f"the dataset could not be copied to the artifact store, where workers on other "
                             f"hosts read it: {e.__class__.__name__}: {e}") from None
     return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready",
@@ -270,15 +280,20 @@ def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
     path = Path(uri).resolve()
     if datasets_root() in path.parents:
         shutil.rmtree(path, ignore_errors=True)
+        dataset_previews.remove(path)
 
 
-def preview_files(folder: Path, per_class: int = 4, max_classes: int = 12) -> Iterator[tuple[str, Path]]:
-    """A few images of each class, for the preview grid."""
-    classes = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-    for cls in classes[:max_classes]:
-        files = sorted(p for p in cls.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)[:per_class]
-        for f in files:
-            yield cls.name, f
+def previews(uri: str) -> dataset_previews.Previews | None:
+    """The preview thumbnails of a stored dataset (made now, once, for one uploaded before they existed); None
+    when its folder is not an upload on this machine."""
+    path = Path(uri).resolve()
+    if datasets_root() not in path.parents:
+        return None
+    return dataset_previews.get(path)
+
+
+def previews_made(uri: str) -> bool:
+    return dataset_previews.read(Path(uri).resolve()) is not None
 
 
 def builtin_datasets() -> list[dict[str, object]]:

@@ -171,6 +171,34 @@ async def _refuse_websocket(scope, receive, send, why: str) -> None:
         await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
 
 
+def signed_in_user(request) -> auth.User | None:
+    """Team mode: the person the request's sign-in cookie (Streamlit's signed `_streamlit_user`, read as Streamlit's
+    websocket reads it) names, or None: no cookie, a bad signature, or a sign-in older than the session's maximum
+    age. For the routes outside the pages (the live charts, downloads), which Streamlit's sign-in does not cover."""
+    import json
+
+    try:
+        from streamlit.auth_util import get_cookie_with_chunks
+        from streamlit.web.server.server_util import get_cookie_secret
+        from streamlit.web.server.starlette.starlette_app_utils import decode_signed_value
+        from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_NAME
+    except ImportError:  # another Streamlit: nobody can be told apart, so nobody is admitted
+        return None
+    secret = get_cookie_secret()
+
+    def cookie(name: str) -> bytes | None:
+        raw = request.cookies.get(name)
+        return None if raw is None else decode_signed_value(secret, name, raw.encode("latin-1"))
+
+    try:
+        claims = json.loads(get_cookie_with_chunks(cookie, USER_COOKIE_NAME) or b"null")
+    except ValueError:
+        return None
+    if not isinstance(claims, dict) or not claims.get("is_logged_in") or auth.sign_in_too_old(claims):
+        return None
+    return auth.user_from_claims(claims)
+
+
 def middleware() -> list:
     """For st.App(middleware=...)."""
     from starlette.middleware import Middleware

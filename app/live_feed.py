@@ -175,30 +175,10 @@ def valid(token: str) -> bool:
 
 
 def request_identity(request) -> str | None:
-    """Team mode: the key of the person the request's sign-in cookie (Streamlit's signed `_streamlit_user`, read
-    as Streamlit's websocket reads it) names, or None: no cookie, a bad signature, or a sign-in too old."""
-    import json
+    """Team mode: the key of the person the request's sign-in cookie names, or None (app.http_guard.signed_in_user)."""
+    from app import http_guard
 
-    try:
-        from streamlit.auth_util import get_cookie_with_chunks
-        from streamlit.web.server.server_util import get_cookie_secret
-        from streamlit.web.server.starlette.starlette_app_utils import decode_signed_value
-        from streamlit.web.server.starlette.starlette_server_config import USER_COOKIE_NAME
-    except ImportError:  # another Streamlit: nobody can be told apart, so nobody is admitted
-        return None
-    secret = get_cookie_secret()
-
-    def cookie(name: str) -> bytes | None:
-        raw = request.cookies.get(name)
-        return None if raw is None else decode_signed_value(secret, name, raw.encode("latin-1"))
-
-    try:
-        claims = json.loads(get_cookie_with_chunks(cookie, USER_COOKIE_NAME) or b"null")
-    except ValueError:
-        return None
-    if not isinstance(claims, dict) or auth.sign_in_too_old(claims):
-        return None
-    user = auth.user_from_claims(claims)
+    user = http_guard.signed_in_user(request)
     return user.id if user is not None else None
 
 

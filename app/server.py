@@ -1,5 +1,6 @@
 """The dashboard as served by `torchdeck ui` / `torchdeck up` (`streamlit run app/server.py`): the pages of
-app/main.py, plus the route the live Run page's charts are fed by (app/live_feed.py), behind the front door
+app/main.py, plus the route the live Run page's charts are fed by (app/live_feed.py) and the artifact downloads' route
+(app/downloads.py), behind the front door
 (app/http_guard.py: local mode answers this machine's names only, no other site may frame the dashboard).
 
 `streamlit run app/main.py` serves the pages alone: no live route and no front door (only the pages' gate)."""
@@ -17,7 +18,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/server.py` puts app/, not th
 import streamlit as st  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from app import http_guard  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
+from app import downloads, http_guard  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
 
 # app.live_feed.PATH, written out: importing app.live_feed here would import the dashboard's caches too early.
 LIVE_PATH = "/_torchdeck/live"
@@ -32,5 +33,5 @@ async def live(request):
 
 
 os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live_feed.served(): the pages may hand out grants
-app = st.App(str(ROOT / "app" / "main.py"), routes=[Route(LIVE_PATH, live, methods=["GET"])],
+app = st.App(str(ROOT / "app" / "main.py"), routes=[Route(LIVE_PATH, live, methods=["GET"]), *downloads.routes()],
              middleware=http_guard.middleware())

@@ -322,7 +322,11 @@ def artifact_problem(record) -> str | None:
 
 
 def artifact_filename(record) -> str:
+    """The file's own name (a file: URI's last part decoded: `ré sumé.json`, not `r%C3%A9%20sum%C3%A9.json`)."""
+    from urllib.parse import unquote
+
     name = record.uri.rstrip("/").rsplit("/", 1)[-1]
+    name = unquote(name) if record.uri.startswith("file:") else name
     return name or f"{record.kind}-{record.id}"
 
 
@@ -342,19 +346,54 @@ def open_artifact(artifact_id: str, engine: Engine | None = None):
         raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is registered but its file is gone "
                                   f"({record.uri})") from None
 
-    def changed(why: str) -> ArtifactChanged:
-        return ArtifactChanged(f"artifact {record.id}'s file changed since it was stored: {why}; the download "
-                               f"is refused ({record.kind}, {record.uri})")
+    return record, VerifiedReader(raw, record.size, record.sha256, lambda why: _changed(record, why))
 
-    return record, VerifiedReader(raw, record.size, record.sha256, changed)
+
+def _changed(record, why: str) -> ArtifactChanged:
+    return ArtifactChanged(f"artifact {record.id}'s file changed since it was stored: {why}; the download "
+                           f"is refused ({record.kind}, {record.uri})")
 
 
 def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:
-    """The whole artifact (Streamlit's download button needs bytes), checked against its sha256 on the way:
-    ArtifactChanged when it differs; other errors as open_artifact."""
+    """The whole artifact, checked against its sha256 on the way: ArtifactChanged when it differs; other errors
+    as open_artifact. Held whole in memory: for the small files the pages show (a sample grid, an error
+    analysis); a download streams (artifact_pieces, app/downloads.py)."""
     _, f = open_artifact(artifact_id, engine)
     with f:
         return f.read()
+
+
+DOWNLOAD_PIECE = 1 << 20
+
+
+def artifact_pieces(artifact_id: str, engine: Engine | None = None):
+    """(record, an iterator of its bytes in DOWNLOAD_PIECE pieces) for a download that holds one piece at a time.
+    A file on this host is hashed first, piece by piece: ArtifactChanged before a byte is served when it is not
+    the registered one. Then (a bucket's file too, which is not read twice) the pieces come through
+    open_artifact's check, whose last piece raises ArtifactChanged instead when the bytes changed meanwhile: the
+    download breaks off before its end. Other errors as open_artifact, before the first piece."""
+    from db.artifacts import file_sha256
+
+    record, reader = open_artifact(artifact_id, engine)
+    try:
+        store, key, path = _artifact_source(record)
+        local = path if path is not None else store.local_path(key)
+        if local is not None:
+            size, digest = file_sha256(local)
+            if record.size is not None and size != record.size:
+                raise _changed(record, f"{size} bytes ≠ {record.size} stored")
+            if record.sha256 and digest != record.sha256:
+                raise _changed(record, f"sha256 {digest} ≠ {record.sha256}")
+    except BaseException:
+        reader.close()
+        raise
+
+    def pieces():
+        with reader:
+            while piece := reader.read(DOWNLOAD_PIECE):
+                yield piece
+
+    return record, pieces()
 
 
 def spec_of(run: RunRecord) -> RunSpec:

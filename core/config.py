@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core import bounded_yaml
+from core import bounded_yaml, model_size
 from core.overrides import SpecError, apply_overrides, describe_errors  # noqa: F401 - part of this module's API
 from core.names import EXPORT_FORMATS, is_loss, queue_for, spec_hash
 
@@ -325,6 +325,15 @@ class RunSpec(_Section):
         if self.train.batch_size % self.resources.gpus:
             raise ValueError(f"train.batch_size={self.train.batch_size} must divide evenly by "
                              f"resources.gpus={self.resources.gpus} (it is the global batch)")
+        return self
+
+    @model_validator(mode="after")
+    def _model_fits(self) -> RunSpec:
+        """A model no machine can train (core/model_size.py: parameters, optimizer state, activations), refused
+        before anything is allocated, naming the fields that make it so."""
+        why = model_size.refusal(self)
+        if why:
+            raise ValueError(why)
         return self
 
     # --- identity ---------------------------------------------------------------

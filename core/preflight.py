@@ -1,5 +1,5 @@
-"""Checks before the first step: output shape, a labelled sample grid,
-and optionally overfitting one batch."""
+"""Checks before the first step: memory (data, and the model's training state: core/model_size.py, before
+anything is allocated), output shape, a labelled sample grid, and optionally overfitting one batch."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from core import model_size
 from core.data import DataBundle, Preprocess, Split
 
 
@@ -123,10 +124,31 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def training_memory(spec) -> tuple[str, int | None]:
+    """Where the model trains ("GPU" or "host") and how many bytes are free there (None: cannot tell)."""
+    if spec.device != "cpu" and torch.cuda.is_available():
+        try:
+            return "GPU", int(torch.cuda.mem_get_info()[0])
+        except RuntimeError:
+            return "GPU", None
+    return "host", available_memory_bytes()
+
+
 def check_memory(spec) -> None:
-    """Refuse, before allocating anything, a run whose data cannot fit in this host's available memory."""
+    """Refuse, before allocating anything, a run whose data cannot fit in this host's available memory, or
+    whose model cannot be trained in the memory free where it trains (its weights, gradients, optimizer state
+    and a batch's activations, as core.model_size estimates them)."""
     need, have = data_memory_bytes(spec), available_memory_bytes()
     if need is not None and have is not None and need > 0.8 * have:
         raise MemoryError(f"the dataset needs about {need / 2**30:.1f} GB of memory and this host has "
                           f"{have / 2**30:.1f} GB available: lower data.num_samples or data.size "
                           "(or loader.device_cache_mb, which keeps a float32 copy)")
+    where, free = training_memory(spec)
+    e = model_size.estimate(spec)
+    total = e.total_bytes + ((need or 0) if where == "host" else 0)
+    if free is not None and total > free:
+        with_data = " and the dataset" if where == "host" and need else ""
+        raise MemoryError(
+            f"training {spec.model.name} takes about {model_size.gib(total)} ({e.parameters:,} parameters with their "
+            f"gradients and optimizer state, the activations of {e.batch:,} samples{with_data}) and this {where} has "
+            f"{model_size.gib(free)} free: {model_size.levers(spec)}")

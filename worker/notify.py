@@ -5,6 +5,11 @@ copy them) show as the message, its `run` the same figures for a program.
 Sent from a background daemon thread, a few seconds per attempt, retried, then given up with one warning:
 a slow, failing or unreachable endpoint never holds up or breaks a worker. Nothing sent holds a credential
 (every text goes through core.redact), and the text stays within Slack's 3,000 characters.
+
+The `text` is Slack markup: `<!channel>` pings a whole channel and `<https://…|words>` shows words over a
+link. A run's name and error are anyone's words, so `&`, `<` and `>` in the text are escaped as Slack
+documents (`&amp;`, `&lt;`, `&gt;`): they show as typed and mean nothing. The `run` object keeps them as
+they are (a program reads them as data).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import base64
 import json
 import logging
 import math
+import re
 import threading
 import time
 import urllib.error
@@ -88,7 +94,19 @@ def summary_text(run: RunRecord, best: Mapping[str, Any] | None, error: str | No
         parts.append(url)
     if error:
         parts.append(f"error: {error}")
-    return _bounded(" · ".join(parts), TEXT_LIMIT)
+    return _bounded_markup(slack_escape(" · ".join(parts)), TEXT_LIMIT)
+
+
+def slack_escape(text: str) -> str:
+    """Text as Slack shows it literally: its three control characters as the entities Slack documents."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _bounded_markup(text: str, limit: int) -> str:
+    """_bounded, never cutting an entity (`&lt;`) in two."""
+    if len(text) <= limit:
+        return text
+    return re.sub(r"&[a-z]*$", "", text[: limit - 1]) + "…"
 
 
 def format_duration(seconds: float) -> str:

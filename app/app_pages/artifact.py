@@ -3,13 +3,15 @@
 The link names an artifact by its opaque id only; the service resolves the id through the database
 to the artifact store, so no request can name a file path. Anything else — a path, an unknown id, a
 file outside this installation's store, a file whose bytes are not the ones registered (its sha256,
-checked by the download itself; a changed size is seen here already) — is refused with the reason."""
+checked by the download itself; a changed size is seen here already) — is refused with the reason.
+The download streams the file through the dashboard's download route (app/downloads.py): never whole in
+the dashboard's memory."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import services
+from app import downloads, services
 from app import fmt as f
 from app.ui import frame, queries
 from db.errors import ArtifactNotFound
@@ -33,7 +35,7 @@ def main() -> None:
     except services.ArtifactUnavailable as e:
         st.error(f.md_text(e), icon=":material/cloud_off:")
         return
-    fh.close()  # opened to prove it is readable; the button reads it again when clicked
+    fh.close()  # opened to prove it is readable; the download reads it again
     problem = services.artifact_problem(record)  # e.g. its size is not the stored one: refused here already
     if problem is not None:
         st.error(f"Refused: artifact {f.code_span(record.id)}: {f.md_text(problem)}.", icon=":material/gpp_bad:")
@@ -44,9 +46,7 @@ def main() -> None:
     if run is not None:
         st.page_link(frame.RUN, label=f"from run {f.md_text(run.name)}", query_params={"id": run.id},
                      icon=":material/monitoring:")
-    st.download_button("Download", lambda: services.read_artifact(record.id, engine=queries.engine()),
-                       file_name=services.artifact_filename(record), icon=":material/download:", key="artifact.dl",
-                       type="primary")
+    downloads.control(record, key="artifact.dl", type="primary")
 
 
 main()

@@ -3,7 +3,6 @@ and see the built-in datasets."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -78,8 +77,26 @@ def train_link(dataset: str) -> None:
                  icon=":material/model_training:")
 
 
+def thumbnails(record) -> None:
+    """The dataset's preview thumbnails (small files made once at upload, app/dataset_previews.py), never its
+    images: decoding a few 64-megapixel photos at every page run took seconds."""
+    if ds.previews_made(record.uri):
+        made = ds.previews(record.uri)
+    else:  # uploaded before thumbnails existed: made now, once
+        with st.spinner("Making the preview's thumbnails (once)…"):
+            made = ds.previews(record.uri)
+    if made is None:
+        st.caption("The stored folder is not on this machine.")
+        return
+    cols = st.columns(4)
+    for i, (cls, path) in enumerate(made.shown):
+        cols[i % 4].image(str(path), caption=f.md_text(cls), width="stretch")  # a caption renders Markdown
+    if made.left_out:
+        st.caption(f"{made.left_out} image(s) not previewed: making their thumbnails would cost too much (runs "
+                   "train on them as usual).")
+
+
 def preview(record) -> None:
-    folder = Path(record.uri)
     st.markdown(f"**{f.md_text(record.name)}** · {f.code_span(record.uri)} · {sum(record.counts.values())} images · "
                 f"{len(record.classes)} classes")
     left, right = st.columns([1, 1])
@@ -87,12 +104,7 @@ def preview(record) -> None:
     left.plotly_chart(charts.bar_figure("Images per class", list(counts), list(counts.values()), y_title="images",
                                         uirevision=f"ds:{record.id}"), key=K(f"counts.{record.id}"))
     with right:
-        files = list(ds.preview_files(folder))
-        if not files:
-            st.caption("The stored folder is not on this machine.")
-        cols = st.columns(4)
-        for i, (cls, path) in enumerate(files[:24]):
-            cols[i % 4].image(str(path), caption=f.md_text(cls), width="stretch")  # a caption renders Markdown
+        thumbnails(record)
     st.code(f"data:\n  name: imagefolder\n  path: {record.uri}", language="yaml")
     if record.status == "ready":
         train_link(record.name)

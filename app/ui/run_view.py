@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import services
-from app import auth, charts, jobs
+from app import auth, charts, downloads, jobs
 from app import fmt as f
 from app.ui import error_view, frame, queries, run_units
 from core.config import RunSpec
@@ -314,9 +314,9 @@ def artifacts_panel(r: RunRecord) -> None:
                 st.dataframe(pd.DataFrame([_report_row(a.kind, dict(a.meta))]), hide_index=True, width="stretch")
         if problem is not None:
             right.caption(f.md_text(problem))
-        else:  # by opaque artifact id only: the service streams it from the artifact store
-            right.download_button("Download", _reader(a.id), file_name=services.artifact_filename(a),
-                                  key=f"run.dl.{a.id}", icon=":material/download:", width="stretch")
+        else:  # by opaque artifact id only, streamed from the artifact store by the download route
+            with right:
+                downloads.control(a, key=f"run.dl.{a.id}", width="stretch")
     earlier_files(every, arts)
     csv_col, jsonl_col = st.columns(2)
     csv_col.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
@@ -338,10 +338,6 @@ def earlier_files(every: list, latest: dict) -> None:
             st.page_link(frame.ARTIFACT, query_params={"id": a.id}, icon=":material/link:",
                          label=f"{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))} · {a.created_at:%Y-%m-%d %H:%M:%S} · "
                                f"{f.size(a.size)}" + (f" · sha256 {f.md_text(a.sha256[:12])}" if a.sha256 else ""))
-
-
-def _reader(artifact_id: str):
-    return lambda: services.read_artifact(artifact_id, engine=queries.engine())  # read on click, not on every rerun
 
 
 def export_panel(r: RunRecord) -> None:

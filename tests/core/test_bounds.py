@@ -229,9 +229,12 @@ def test_the_values_real_users_use_pass():
     at_bounds = RunSpec.from_dict({
         "data": {"name": "imagefolder", "path": "/d/" + "x" * 4093, "image_size": 1024, "cache_mb": 262_144},
         "schedule": {"name": "multistep", "milestones": list(range(1, 101)), "step_size": 10_000},
-        "train": {"epochs": 10_000, "batch_size": 65_536},
+        "train": {"epochs": 10_000, "batch_size": 256},
     })
     assert len(at_bounds.data.path) == 4096 and len(at_bounds.schedule.milestones) == 100
+    # the largest batch, on images a batch that large fits (65,536 1024-px images would need 11 TiB: refused
+    # by the model-size bound, test_a_model_no_machine_can_train_is_refused_naming_the_fields)
+    assert RunSpec.from_dict({"train": {"batch_size": 65_536}}).train.batch_size == 65_536
 
 
 # --- memory pre-check -------------------------------------------------------------------------------------

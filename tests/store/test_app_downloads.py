@@ -243,3 +243,29 @@ def test_a_file_changed_behind_its_artifact_id_is_refused(env):
         assert services.artifact_problem(art).startswith("file changed since it was stored")
     store.put_bytes(data, key)
     assert services.read_artifact(art.id, engine=env) == data and services.artifact_problem(art) is None
+
+
+def test_the_download_route_streams_from_the_store_and_never_completes_changed_bytes(env, monkeypatch):
+    """app/downloads.py, on the local store and on a bucket: the bytes by id, piece by piece. Changed behind the
+    id: a file on this host is refused before its first byte (409); a bucket's (not read twice) is hashed as it
+    is sent, and the piece that would complete it raises instead: the download breaks off short."""
+    import os
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from app import downloads
+
+    monkeypatch.delenv("TORCHDECK_MODE", raising=False)
+    monkeypatch.setenv(downloads.SERVED_ENV, "0")  # routes() sets it: restored (unset) after the test
+    _, art, data = _run_with_onnx(env, os.urandom(3 * services.DOWNLOAD_PIECE + 7))
+    store = services.artifact_store()
+    with TestClient(Starlette(routes=downloads.routes()), client=("127.0.0.1", 50000)) as client:
+        assert client.get(downloads.url(art.id)).content == data
+        store.put_bytes(data[:-5] + b"EVIL!", store.key_of(art.uri))
+        if store.is_local:
+            got = client.get(downloads.url(art.id))
+            assert got.status_code == 409 and "changed since it was stored" in got.text
+        else:
+            with pytest.raises(services.ArtifactChanged, match="changed since it was stored"):
+                client.get(downloads.url(art.id))

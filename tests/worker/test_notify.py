@@ -141,6 +141,26 @@ def test_text_stays_within_slacks_3000_characters():
     assert len(p["run"]["error"]) <= notify.ERROR_LIMIT
 
 
+PHISH = "<!channel> <https://login.evil.example/sso|Your GPU quota expires: sign in again>"
+
+
+def test_slack_markup_in_a_runs_name_and_error_is_shown_as_typed_never_acted_on():
+    """Slack reads `<!channel>` as a ping of everyone and `<url|words>` as words over a link: a run's name and
+    error line are escaped as Slack documents (&amp; &lt; &gt;), so Slack shows them as typed."""
+    run = record(status="failed", name=PHISH, error="bad <input> & <@U123ABC> here\nTraceback …",
+                 summary={"best": {"metric": "val/<acc>", "value": "<!here>", "epoch": 1}})
+    p = build_payload(run, "https://td.example.com")
+    text = p["text"]
+    assert "<" not in text and ">" not in text, text
+    assert text.startswith('torchdeck run "&lt;!channel&gt; &lt;https://login.evil.example/sso|Your GPU quota '
+                           'expires: sign in again&gt;" failed · best val/&lt;acc&gt; &lt;!here&gt; (epoch 1)'), text
+    assert "error: bad &lt;input&gt; &amp; &lt;@U123ABC&gt; here" in text
+    assert p["run"]["name"] == PHISH and p["run"]["error"] == "bad <input> & <@U123ABC> here"  # data stays data
+    # cut to Slack's limit, an entity is never left half (`&l…`)
+    long = build_payload(record(status="failed", name="<" * 200, error="&" * 500), None)["text"]
+    assert len(long) <= notify.TEXT_LIMIT and long.endswith("&amp;…") and "<" not in long
+
+
 def test_no_credential_reaches_the_payload():
     run = record(status="failed", name="copy of postgresql://td:hunter2@db/x",
                  error="could not connect to redis://:s3cr3t@redis:6379/0 (https://tok3n@api.example.com/?token=abc)",

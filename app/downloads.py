@@ -1,0 +1,129 @@
+"""Artifact downloads streamed over HTTP: `GET /_torchdeck/download/<artifact id>`.
+
+Streamlit's download button holds the whole file in the dashboard's memory (its media store keeps bytes,
+whatever it is handed: bytes, a file, a callable), once per click: a 2 GB checkpoint was 2 GB of the
+dashboard's memory for every person downloading it. This route streams the file instead, a piece
+(services.DOWNLOAD_PIECE, 1 MB) at a time, and re-checks its SHA-256 on the way: a file on this host is
+hashed before its first byte is sent (refused with 409 and both hashes when it changed), and the pieces are
+hashed as they are sent, so a file changed meanwhile (or one in a bucket) breaks the download off before its
+end (services.artifact_pieces).
+
+Access is that of the pages: by opaque artifact id only (services resolves it through the database to the
+artifact store; never a path), and only for someone a page would admit: local mode, this machine, not
+through a proxy (auth.local_refusal; app/http_guard.py's front door also checks Host and Origin); team mode,
+a member signed in (the request's sign-in cookie, as Streamlit's own websocket reads it, not older than
+TORCHDECK_SESSION_MAX_AGE_H). Every member may download every run's files, as on the pages. The file is
+always an attachment of type application/octet-stream (never shown inline in the dashboard's origin).
+
+The route exists where app/server.py mounts `routes()` (`torchdeck ui` / `torchdeck up`); elsewhere
+(`streamlit run app/main.py`, tests) `served()` is false and the pages fall back on Streamlit's button for
+files up to FALLBACK_MAX_BYTES. Nothing of the dashboard is imported before the first request (see
+app/server.py: caches made before Streamlit's runtime exists would get a storage of their own).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import quote
+
+from app import auth, http_guard
+
+PATH = "/_torchdeck/download"
+SERVED_ENV = "TORCHDECK_DOWNLOAD_ROUTE"
+FALLBACK_MAX_BYTES = 64 << 20
+
+
+def routes() -> list:
+    """For st.App(routes=...); says to this process's pages that the route is there."""
+    from starlette.routing import Route
+
+    os.environ[SERVED_ENV] = "1"
+    return [Route(PATH + "/{artifact_id}", download, methods=["GET"])]
+
+
+def served() -> bool:
+    return os.environ.get(SERVED_ENV) == "1"
+
+
+def url(artifact_id: str) -> str:
+    return f"{PATH}/{quote(artifact_id, safe='')}"
+
+
+def refusal(request) -> str | None:
+    """Why this request may not download (as the pages' gate would refuse it), or None."""
+    try:
+        team = auth.team_mode()
+    except auth.AuthNotConfigured as e:
+        return str(e)
+    if not team:
+        return auth.local_refusal(request.client.host if request.client else None, request.headers)
+    user = http_guard.signed_in_user(request)
+    if user is None:
+        return "Sign in to the dashboard first (this download link works for signed-in members)."
+    if not auth.is_member(user):
+        return f"{user.describe()} is not a member of this torchdeck: ask an admin ({auth.ADMINS_ENV}) to add you."
+    return None
+
+
+def _plain(status: int, text: str):
+    from starlette.responses import PlainTextResponse
+
+    return PlainTextResponse(text + "\n", status_code=status,
+                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition that names the file (RFC 6266: a plain ASCII name, and the exact one encoded)."""
+    plain = re.sub(r"[^A-Za-z0-9._-]", "_", filename)[:200] or "artifact"
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(filename[:200], safe='')}"
+
+
+def download(request):
+    """The route: the artifact's bytes streamed, or a plain-text refusal (403, 400, 404, 409)."""
+    from starlette.responses import StreamingResponse
+
+    from app import services
+    from db.errors import ArtifactNotFound
+
+    why = refusal(request)
+    if why is not None:
+        return _plain(403, why)
+    artifact_id = request.path_params["artifact_id"]
+    try:
+        record, pieces = services.artifact_pieces(artifact_id)
+    except services.InvalidArtifactId as e:
+        return _plain(400, f"Refused: {e}.")
+    except ArtifactNotFound:
+        return _plain(404, f"Refused: there is no artifact with id {artifact_id[:64]!r}.")
+    except services.ArtifactChanged as e:
+        return _plain(409, f"Refused: {e}.")
+    except (services.ArtifactUnavailable, OSError) as e:
+        return _plain(404, str(e))
+    headers = {"Content-Disposition": attachment(services.artifact_filename(record)), "Cache-Control": "no-store",
+               "X-Content-Type-Options": "nosniff"}
+    if record.size is not None:
+        headers["Content-Length"] = str(record.size)
+    return StreamingResponse(pieces, media_type="application/octet-stream", headers=headers)
+
+
+def control(record, *, key: str, label: str = "Download", **button) -> None:
+    """A page's download control for an artifact whose checks passed (services.artifact_problem): a link to the
+    route where it is served; else Streamlit's button for a file up to FALLBACK_MAX_BYTES (it holds the file
+    in memory), and a note saying why not for a larger one."""
+    import streamlit as st
+
+    from app import fmt as f
+    from app import services
+    from app.ui import queries
+
+    if served():
+        st.link_button(label, url(record.id), icon=":material/download:", **button)
+    elif record.size is not None and record.size <= FALLBACK_MAX_BYTES:
+        st.download_button(label, lambda: services.read_artifact(record.id, engine=queries.engine()),
+                           file_name=services.artifact_filename(record), icon=":material/download:", key=key,
+                           **button)
+    else:
+        st.caption(f"{f.size(record.size) if record.size is not None else 'A file of unknown size'}: downloaded "
+                   "through the dashboard's download route, which `torchdeck ui` and `torchdeck up` serve (this "
+                   f"dashboard was started without it, and holds files in memory up to {f.size(FALLBACK_MAX_BYTES)}).")
