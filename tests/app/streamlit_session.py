@@ -16,6 +16,29 @@ from dataclasses import dataclass
 from websockets.sync.client import ClientConnection, connect
 
 WAIT_S = 90  # for what a visitor would wait for: generous, a busy machine takes longer
+SITE = "torchdeck.test"  # a team dashboard's name (its sign-in redirect URI's host)
+ISSUER = "https://sso.example.com/realms/lab"
+
+
+def team_env(cookie_secret: str) -> dict[str, str]:
+    """The environment of a team-mode dashboard signing in at ISSUER, on 127.0.0.1 (its cookies signed with
+    `cookie_secret`, which sign_in_cookie needs too)."""
+    return {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1", "TORCHDECK_OIDC_ISSUER": ISSUER,
+            "TORCHDECK_OIDC_CLIENT_ID": "torchdeck", "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+            "TORCHDECK_OIDC_REDIRECT_URI": f"http://{SITE}/oauth2callback", "TORCHDECK_OIDC_COOKIE_SECRET": cookie_secret}
+
+
+def running_run(db_url: str) -> str:
+    """serve_ui's seed: one running run with a few points; returns its id."""
+    from seeding import seed_run
+
+    from db.engine import make_engine
+
+    engine = make_engine(db_url)
+    try:
+        return seed_run(engine, "live", status="running", steps=20, epochs=1).id
+    finally:
+        engine.dispose()
 
 
 @dataclass
@@ -61,7 +84,9 @@ def stream(port: int, host: str | None = None, origin: str | None = None,
            cookies: dict[str, str] | None = None) -> Iterator[ClientConnection]:
     """Streamlit's websocket opened as a browser on http://`host` would (its Host and Origin, an XSRF token in
     the subprotocols and its cookie); the connection goes to 127.0.0.1:`port` whatever the name."""
-    from streamlit.web.server.starlette.starlette_app_utils import generate_xsrf_token_string
+    from streamlit.web.server.starlette.starlette_app_utils import (
+        generate_xsrf_token_string,
+    )
 
     host = host or f"127.0.0.1:{port}"
     xsrf = generate_xsrf_token_string()

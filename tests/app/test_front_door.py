@@ -13,38 +13,33 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from seeding import seed_run
-from streamlit_session import get, port_of, run_page, sign_in_cookie, stream
+from streamlit_session import (
+    ISSUER,
+    SITE,
+    get,
+    port_of,
+    run_page,
+    running_run,
+    sign_in_cookie,
+    stream,
+    team_env,
+)
 from websockets.exceptions import InvalidStatus
 
 from app import http_guard
-from db.engine import make_engine
 from tests.e2e.conftest import serve_ui
 
 pytestmark = pytest.mark.timeout(300)
 REBIND = "rebind.attacker.example"
 ALIAS = "workstation.lab.internal"  # another name of this machine, listed in TORCHDECK_ALLOWED_HOSTS
 SECRET = "a-long-random-cookie-secret-for-front-door-tests"
-SITE = "torchdeck.test"  # the team dashboard's name (its sign-in redirect URI's host)
-TEAM = {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1",
-        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab", "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
-        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret", "TORCHDECK_OIDC_REDIRECT_URI": f"http://{SITE}/oauth2callback",
-        "TORCHDECK_OIDC_COOKIE_SECRET": SECRET}
-ANA = {"iss": "https://sso.example.com/realms/lab", "sub": "ana", "name": "Ana", "email": "ana@example.com",
+ANA = {"iss": ISSUER, "sub": "ana", "name": "Ana", "email": "ana@example.com",
        "email_verified": True}
-
-
-def _running_run(db_url: str) -> str:
-    engine = make_engine(db_url)
-    try:
-        return seed_run(engine, "live", status="running", steps=20, epochs=1).id
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[dict]:
-    with serve_ui("torchdeck-door-", _running_run, TORCHDECK_ALLOWED_HOSTS=f"{ALIAS}, other.example") as (url, _, run):
+    with serve_ui("torchdeck-door-", running_run, TORCHDECK_ALLOWED_HOSTS=f"{ALIAS}, other.example") as (url, _, run):
         yield {"port": port_of(url), "run": run}
 
 
@@ -118,7 +113,7 @@ def test_no_other_site_may_frame_the_local_dashboard(local):
 @pytest.fixture(scope="module")
 def team_misconfigured() -> Iterator[dict]:
     """Team mode with a typo in a setting the pages read: every signed-in page fails with an uncaught error."""
-    with serve_ui("torchdeck-door-team-", _running_run, **TEAM, TORCHDECK_SESSION_MAX_AGE_H="twelve") as (url, _, run):
+    with serve_ui("torchdeck-door-team-", running_run, **team_env(SECRET), TORCHDECK_SESSION_MAX_AGE_H="twelve") as (url, _, run):
         yield {"port": port_of(url), "run": run}
 
 

@@ -18,42 +18,38 @@ import pytest
 from seeding import seed_run
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
-from streamlit_session import WAIT_S, get, live_run_page, port_of, sign_in_cookie, stream
+from streamlit_session import (
+    ISSUER,
+    SITE,
+    WAIT_S,
+    get,
+    live_run_page,
+    port_of,
+    running_run,
+    sign_in_cookie,
+    stream,
+    team_env,
+)
 
 from app import live_feed
 from app.live_feed import HEADER, PATH, Grants, Polls
-from db.engine import make_engine
 from tests.e2e.conftest import serve_ui
 
 pytestmark = pytest.mark.timeout(300)
 SECRET = "a-long-random-cookie-secret-for-grant-tests"
-SITE = "torchdeck.test"
-TEAM = {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1",
-        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab", "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
-        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret", "TORCHDECK_OIDC_REDIRECT_URI": f"http://{SITE}/oauth2callback",
-        "TORCHDECK_OIDC_COOKIE_SECRET": SECRET}
-ISSUER = TEAM["TORCHDECK_OIDC_ISSUER"]
 ANA = {"iss": ISSUER, "sub": "ana", "name": "Ana", "email": "ana@example.com", "email_verified": True}
 BOB = {"iss": ISSUER, "sub": "bob", "name": "Bob", "email": "bob@example.com", "email_verified": True}
 
 
-def _running_run(db_url: str) -> str:
-    engine = make_engine(db_url)
-    try:
-        return seed_run(engine, "live", status="running", steps=20, epochs=1).id
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture(scope="module")
 def local() -> Iterator[dict]:
-    with serve_ui("torchdeck-grants-", _running_run) as (url, _, run):
+    with serve_ui("torchdeck-grants-", running_run) as (url, _, run):
         yield {"port": port_of(url), "run": run}
 
 
 @pytest.fixture(scope="module")
 def team() -> Iterator[dict]:
-    with serve_ui("torchdeck-grants-team-", _running_run, **TEAM) as (url, _, run):
+    with serve_ui("torchdeck-grants-team-", running_run, **team_env(SECRET)) as (url, _, run):
         yield {"port": port_of(url), "run": run}
 
 
