@@ -1,25 +1,19 @@
 """What the New run form shows, and in which words: each field's label (and unit), whether it matters for
 the choices made (dataset, model, transfer mode, optimizer, schedule, clipping), and whether it is a rarely
-changed one that waits under "Advanced". Plain functions, no Streamlit (and no torch: the list of models
-with pretrained weights is kept here; tests/core checks it against core.models)."""
+changed one that waits under "Advanced". Plain functions, no Streamlit and no torch: which models have pretrained
+weights or a hidden layer, and which datasets read files, come from core/catalog.py (torch-free)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from core import catalog
+
 # The choices that decide which fields matter; the form shows them first, where a change takes effect at once.
 CHOOSERS: tuple[str, ...] = (
     "data.name", "model.name", "model.transfer", "optim.name", "schedule.name", "train.grad_clip.mode",
 )
-
-# Models with torchvision pretrained weights (core.models: an entry with a torchvision name).
-PRETRAINED_MODELS: frozenset[str] = frozenset({
-    "resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
-    "convnext_tiny",
-})
-SMALL_MODELS = frozenset({"mlp", "simple_cnn", "simple_cnn_wide"})
-TORCHVISION_SETS = frozenset({"mnist", "fashion_mnist", "cifar10"})
 
 LABELS: dict[str, str] = {
     "name": "Run name",
@@ -144,7 +138,7 @@ def advanced(path: str) -> bool:
 
 
 def _transferring(v: Mapping[str, Any]) -> bool:
-    return v.get("model.name") in PRETRAINED_MODELS or bool(v.get("model.weights_file"))
+    return v.get("model.name") in catalog.PRETRAINED_MODELS or bool(v.get("model.weights_file"))
 
 
 def _is(path: str, *names: str) -> Callable[[Mapping[str, Any]], bool]:
@@ -153,13 +147,14 @@ def _is(path: str, *names: str) -> Callable[[Mapping[str, Any]], bool]:
 
 # field -> when it matters; a field not listed always does.
 _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "data.path": _is("data.name", "imagefolder", *TORCHVISION_SETS),
-    "data.download": _is("data.name", *TORCHVISION_SETS),
-    **{f"data.{k}": _is("data.name", "synthetic") for k in ("num_classes", "num_samples", "channels", "size", "noise")},
-    "data.max_bad_fraction": _is("data.name", "imagefolder"),
-    "data.cache_mb": _is("data.name", "imagefolder"),
-    "model.hidden": _is("model.name", *SMALL_MODELS),
-    "model.pretrained": _is("model.name", *PRETRAINED_MODELS),
+    "data.path": _is("data.name", *catalog.datasets_of("folder", "torchvision")),
+    "data.download": _is("data.name", *catalog.datasets_of("torchvision")),
+    **{f"data.{k}": _is("data.name", *catalog.datasets_of("generated"))
+       for k in ("num_classes", "num_samples", "channels", "size", "noise")},
+    "data.max_bad_fraction": _is("data.name", *catalog.datasets_of("folder")),
+    "data.cache_mb": _is("data.name", *catalog.datasets_of("folder")),
+    "model.hidden": _is("model.name", *catalog.HIDDEN_MODELS),
+    "model.pretrained": _is("model.name", *catalog.PRETRAINED_MODELS),
     "model.transfer": _transferring,
     "model.backbone_lr_mult": _transferring,
     "model.last_n": lambda v: _transferring(v) and v.get("model.transfer") == "finetune_last_n",

@@ -14,7 +14,8 @@ import annotated_types as at
 from pydantic import BaseModel
 
 from app.form_rules import label as label_of
-from core.config import DATASET_NAMES, MODEL_NAMES, RunSpec, SpecError
+from core.catalog import DATASET_NAMES, MODEL_NAMES
+from core.config import RunSpec, SpecError
 
 GROUPS = (
     "Data",
@@ -49,7 +50,7 @@ _GROUP_RULES: tuple[tuple[str, str], ...] = (
     ("device", "Resources"),
     ("compile", "Resources"),
 )
-# Closed registries validated by a field_validator (the annotation is a plain str).
+# The catalog's names (core/catalog.py), validated by a field_validator (the annotation is a plain str).
 _REGISTRIES: dict[str, tuple[str, ...]] = {"data.name": DATASET_NAMES, "model.name": MODEL_NAMES}
 _SECTIONS = ("data", "model", "optim", "schedule", "train", "checkpoint", "export", "loader", "resources")
 

@@ -13,25 +13,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from core import bounded_yaml, model_size
+from core import bounded_yaml, catalog, model_size
+from core.catalog import DATASET_NAMES, MODEL_NAMES, MONITORS
+from core.names import EXPORT_FORMATS, queue_for, spec_hash
 from core.overrides import SpecError, apply_overrides, describe_errors  # noqa: F401 - part of this module's API
-from core.names import EXPORT_FORMATS, is_loss, queue_for, spec_hash
-
-# Closed registries. The form offers exactly these names; core/data.py and
-# core/models.py register exactly these (a test checks both ways).
-DATASET_NAMES: tuple[str, ...] = ("digits", "synthetic", "imagefolder", "mnist", "fashion_mnist", "cifar10")
-MODEL_NAMES: tuple[str, ...] = (
-    "mlp",
-    "simple_cnn",
-    "simple_cnn_wide",
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "mobilenet_v3_small",
-    "mobilenet_v3_large",
-    "efficientnet_b0",
-    "convnext_tiny",
-)
 
 MAX_SYNTHETIC_BYTES = 4 << 30  # a synthetic set is generated in memory, as uint8 images
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -39,11 +24,11 @@ Device = Literal["auto", "cpu", "cuda"]
 
 
 def _registered(kind: str, known: tuple[str, ...]) -> AfterValidator:
-    """A name from a closed registry; any other is refused with the list of known ones."""
+    """A name from a closed registry (core/catalog.py); any other is refused with the list of known ones."""
 
     def check(name: str) -> str:
         if name not in known:
-            raise ValueError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
+            raise ValueError(catalog.unknown(kind, name, known))
         return name
 
     return AfterValidator(check)
@@ -103,10 +88,11 @@ class DataSpec(_Section):
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DataSpec:
-        if self.name == "imagefolder" and not self.path:
+        kind = catalog.dataset(self.name).kind
+        if kind == "folder" and not self.path:
             raise ValueError("data.path is required for imagefolder: a folder or a .zip with one sub-folder per class")
         size = self.num_samples * self.channels * self.size * self.size
-        if self.name == "synthetic" and size > MAX_SYNTHETIC_BYTES:
+        if kind == "generated" and size > MAX_SYNTHETIC_BYTES:
             raise ValueError(f"data.num_samples × data.channels × data.size² is {size / 2**30:.1f} GB of images; at most "
                              f"{MAX_SYNTHETIC_BYTES / 2**30:.0f} GB: lower data.num_samples or data.size")
         return self
@@ -128,8 +114,7 @@ class ModelSpec(_Section):
     keep_head: bool = Field(False, description="Transfer from a plain state_dict (one without class names): keep its "
                             "classifier head instead of a fresh one. A torchdeck checkpoint's head is kept only for the same classes.")
     last_n: int = Field(1, ge=1, le=16, description="finetune_last_n: how many backbone stages (from the top) are trained. "
-                        "Stages: mlp fc1, fc2; simple_cnn(_wide) conv1, conv2, fc1 (the head is the last linear layer); "
-                        "resnet stem, layer1-4; others their features blocks.")
+                        f"Stages by family: {catalog.stages_in_words()} (the head, the last linear layer, is always trained).")
     unfreeze_at_epoch: int | None = Field(None, ge=1, description="Progressive unfreezing: from this epoch (1-based) on, "
                                           "the whole backbone is trained (with unfreeze_every: the first further stage).")
     unfreeze_every: int | None = Field(None, ge=1, le=10_000, description="Stage-wise unfreezing: every this many epochs one "
@@ -213,8 +198,8 @@ class EarlyStoppingSpec(_Section):
     """Stop when the monitored metric stops improving and keep the best weights."""
 
     enabled: bool = Field(True, description="Stop early when the monitored metric stops improving.")
-    monitor: Literal["val/loss", "val/acc", "train/loss", "train/acc"] = Field("val/loss", description="Metric to watch.")
-    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies.")
+    monitor: Literal[MONITORS] = Field("val/loss", description="Metric to watch.")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies and F1.")
     patience: int = Field(5, ge=1, le=10_000, description="Epochs without improvement before stopping.")
     min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
 
@@ -222,7 +207,7 @@ class EarlyStoppingSpec(_Section):
     def resolved_mode(self) -> Literal["min", "max"]:
         if self.mode != "auto":
             return self.mode
-        return "min" if is_loss(self.monitor) else "max"
+        return catalog.better(self.monitor)
 
 
 class TrainSpec(_Section):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from core.config import DATASET_NAMES, AugmentSpec, DataSpec, LoaderSpec
+from core import catalog
+from core.catalog import DatasetEntry
+from core.config import AugmentSpec, DataSpec, LoaderSpec
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
 from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
 from core.shards import ShardSampler, shard_scale
-
-TV_DATASETS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "CIFAR10"}
 
 
 @dataclass
@@ -75,15 +75,20 @@ def _to_uint8(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     return (t.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-def _digits() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+# What a loader returns: uint8 images (N, C, H, W) or lazily decoded files, labels, class names, skipped files.
+Loaded = tuple[torch.Tensor | LazyImages, torch.Tensor, list[str], list[str]]
+
+
+def _digits(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
+    """The one builtin set: scikit-learn's load_digits."""
     from sklearn.datasets import load_digits
 
     d = load_digits()  # 1,797 real 8×8 handwritten digits, pixel values 0..16
     images = _to_uint8(d.images[:, None] / 16.0)
-    return images, torch.as_tensor(d.target, dtype=torch.int64), [str(c) for c in d.target_names]
+    return images, torch.as_tensor(d.target, dtype=torch.int64), [str(c) for c in d.target_names], []
 
 
-def _synthetic(spec: DataSpec, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def _synthetic(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
     """Seeded class templates (smooth random patterns) plus per-sample noise: learnable, not trivial."""
     g = torch.Generator().manual_seed(seed)
     low = torch.rand(spec.num_classes, spec.channels, 4, 4, generator=g)
@@ -92,47 +97,37 @@ def _synthetic(spec: DataSpec, seed: int) -> tuple[torch.Tensor, torch.Tensor, l
     labels = labels[torch.randperm(spec.num_samples, generator=g)]
     noise = torch.randn(spec.num_samples, spec.channels, spec.size, spec.size, generator=g)
     images = templates[labels] + spec.noise * 0.25 * noise
-    return _to_uint8(images), labels, [f"class_{i}" for i in range(spec.num_classes)]
+    return _to_uint8(images), labels, [f"class_{i}" for i in range(spec.num_classes)], []
 
 
-def _torchvision_where(name: str, root: Path) -> str:
-    if name == "cifar10":
-        return f"{root / 'cifar-10-batches-py'}/ (data_batch_1 … data_batch_5, test_batch, batches.meta)"
-    return f"{root / TV_DATASETS[name] / 'raw'}/ (train-images-idx3-ubyte, train-labels-idx1-ubyte, …, optionally .gz)"
-
-
-def _torchvision(spec: DataSpec) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
+    """A torchvision set's train split: torchdeck holds its own validation split out of it."""
     import torchvision
 
     root = Path(spec.path or os.environ.get("TORCHDECK_DATA", "data")).expanduser().resolve()
-    cls = getattr(torchvision.datasets, TV_DATASETS[spec.name])
+    cls = getattr(torchvision.datasets, entry.source)
     try:
         ds = cls(root=str(root), train=True, download=spec.download)
     except (RuntimeError, OSError) as e:  # not on disk; or the download failed (offline)
         raise DataError(
             f"{spec.name} not found under {root} ({e.__class__.__name__}: {e}). Offline, put torchvision's "
-            f"{TV_DATASETS[spec.name]} files in {_torchvision_where(spec.name, root)}, "
+            f"{entry.source} files in {root / entry.folder}/ ({entry.files}), "
             "or set data.download=true where the machine has internet."
         ) from None
     data = torch.as_tensor(np.asarray(ds.data))
     images = data[:, None] if data.ndim == 3 else data.permute(0, 3, 1, 2)
-    return images.contiguous().to(torch.uint8), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64), list(ds.classes)
+    return (images.contiguous().to(torch.uint8), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64),
+            list(ds.classes), [])
 
 
-def _imagefolder(spec: DataSpec, seed: int):
-    return load_imagefolder(spec.path or "", spec.image_size or 64, spec.max_bad_fraction, spec.cache_mb)
+def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
+    return load_imagefolder(spec.path or "", spec.image_size or entry.size, spec.max_bad_fraction, spec.cache_mb)
 
 
-# The dataset registry: name → loader(spec, seed) -> (uint8 images, labels, class names, skipped files).
-DATASETS = {
-    "digits": lambda spec, seed: (*_digits(), []),
-    "synthetic": lambda spec, seed: (*_synthetic(spec, seed), []),
-    "imagefolder": _imagefolder,
-    "mnist": lambda spec, seed: (*_torchvision(spec), []),
-    "fashion_mnist": lambda spec, seed: (*_torchvision(spec), []),
-    "cifar10": lambda spec, seed: (*_torchvision(spec), []),
+# One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
+LOADERS: dict[str, Callable[[DatasetEntry, DataSpec, int], Loaded]] = {
+    "builtin": _digits, "generated": _synthetic, "torchvision": _torchvision, "folder": _imagefolder,
 }
-assert tuple(DATASETS) == DATASET_NAMES, "core.config.DATASET_NAMES and core.data.DATASETS must list the same datasets"
 
 
 # --- split, statistics, resizing -----------------------------------------------------
@@ -185,7 +180,8 @@ def _subset(images: torch.Tensor | LazyImages, labels: torch.Tensor, idx: np.nda
 
 def load_data(spec: DataSpec, seed: int) -> DataBundle:
     """Load, (optionally) limit, split and measure a registered dataset."""
-    images, labels, classes, skipped = DATASETS[spec.name](spec, seed)
+    entry = catalog.dataset(spec.name)
+    images, labels, classes, skipped = LOADERS[entry.kind](entry, spec, seed)
     if isinstance(images, torch.Tensor) and spec.image_size:
         images = resize_uint8(images, spec.image_size)
     if spec.limit and spec.limit < len(labels):

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core import catalog
 from core.checkpoint import EarlyStopping, rng_state, save_checkpoint
 from core.config import RunSpec, TrainSpec
 from core.data import DataBundle, DeviceBatches, Preprocess, epoch_generator
@@ -38,12 +39,14 @@ from core.names import (
     TRAIN_LOSS,
     VAL_ACC,
     VAL_ACC_TOP5,
+    VAL_F1_MACRO,
     VAL_LOSS,
     class_acc_key,
     grad_norm_key,
     update_ratio_key,
 )
 from core.optim import AmpStep, Schedule, apply_transfer, set_train_mode, trained_stages
+from core.scores import macro_f1
 from core.tally import Tally
 
 
@@ -254,7 +257,8 @@ def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, fl
         if mistakes is not None:
             t.ranks.merge_mistakes(mistakes)
     cm = confusion.view(c, c).cpu()
-    m = {VAL_LOSS: (loss_sum / max(n, 1)).item(), VAL_ACC: float(cm.diag().sum()) / max(n, 1)}
+    m = {VAL_LOSS: (loss_sum / max(n, 1)).item(), VAL_ACC: float(cm.diag().sum()) / max(n, 1),
+         VAL_F1_MACRO: macro_f1(cm.diag().tolist(), cm.sum(1).tolist(), cm.sum(0).tolist())}
     if c > 5:
         m[VAL_ACC_TOP5] = top5.item() / max(n, 1)
     return m, cm
@@ -289,8 +293,34 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     keys = [class_acc_key(n) for n in names]  # a class name never makes a key the store refuses
     if len(names) <= 50:
         m.update(dict(zip(keys, per_class, strict=True)))
+    # Every figure of the epoch is computed before any is sent: the metrics and the evaluation event
+    # describe one finished evaluation (evaluate already measured val/f1_macro from the same matrix).
+    data = _evaluation_data(epoch, names, keys, per_class, cm)
     t.sink.metrics(t.global_step, epoch, m)
-    scores = confusion_scores(cm)  # precision, recall, f1, support per class
+    t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}", data,
+                 step=t.global_step)
+    t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
+    t.diagnoser.epoch(epoch, m, t.global_step)
+    monitor = t.spec.train.early_stopping.monitor
+    value = m[catalog.stored_key(monitor)]  # train/loss per epoch is train/epoch_loss
+    best = t.early.update(value, epoch)
+    if best and t.ranks.is_main:  # the epoch the best checkpoint holds: its most confident mistakes
+        store_gallery(t.sink, t.data.val, names, mistakes, cm, epoch, t.out_dir)
+    t.schedule.step_epoch(value)
+    t.epoch = epoch
+    _save_checkpoints(t, epoch, best)
+    if t.early.should_stop:
+        t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
+                     f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)
+        return "early_stopped"
+    return None
+
+
+def _evaluation_data(epoch: int, names: list[str], keys: list[str], per_class: list[float],
+                     cm: torch.Tensor) -> dict[str, Any]:
+    """The evaluation event's data: per-class accuracy, precision, recall, F1 and support, and the confusion
+    matrix (or, for many classes, its most confused pairs and the classes that need attention)."""
+    scores = confusion_scores(cm)
     data = {"code": "evaluation", "epoch": epoch, "per_class_acc": per_class, "class_names": names, **scores}
     if len(names) <= MAX_CONFUSION_CLASSES:
         data["confusion"] = cm.tolist()
@@ -304,23 +334,7 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
     if shortened and len(names) <= 50:
         data["class_keys"] = shortened  # the full name of each shortened per-class key
-    t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}", data,
-                 step=t.global_step)
-    t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
-    t.diagnoser.epoch(epoch, m, t.global_step)
-    monitor = t.spec.train.early_stopping.monitor
-    value = m[TRAIN_EPOCH_LOSS] if monitor == TRAIN_LOSS else m[monitor]
-    best = t.early.update(value, epoch)
-    if best and t.ranks.is_main:  # the epoch the best checkpoint holds: its most confident mistakes
-        store_gallery(t.sink, t.data.val, names, mistakes, cm, epoch, t.out_dir)
-    t.schedule.step_epoch(value)
-    t.epoch = epoch
-    _save_checkpoints(t, epoch, best)
-    if t.early.should_stop:
-        t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
-                     f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)
-        return "early_stopped"
-    return None
+    return data
 
 
 def _save_checkpoints(t: Trainer, epoch: int, best: bool) -> None:

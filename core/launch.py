@@ -2,7 +2,8 @@
 
 The process that calls `run_training` is rank 0. `start_ranks` starts ranks 1..N-1 as fresh
 interpreters (the spawn start method: CUDA does not survive a fork) and joins them in a process
-group on this host. Those ranks train on their shards and write nothing: no metrics, no events,
+group on this host; each then runs the target it is given (core.recipe.train_peer: this module
+knows nothing of training, and core.train, which calls it, is never imported back). Those ranks train on their shards and write nothing: no metrics, no events,
 no files. Each exits by itself when rank 0 is gone, so a killed run leaves no orphans. Rank 0 tells
 a peer's death (RankLost: the run is resumed) from a peer's own error (the run fails, saying so).
 """
@@ -14,6 +15,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,9 @@ COLLECTIVE_TIMEOUT_S = 600.0
 JOIN_TIMEOUT_S = 180.0  # the ranks start (torch's import, the data) and meet within this
 EXIT_GRACE_S = 60.0  # after the last epoch, the other ranks leave within this or are terminated
 PARENT_POLL_S = 0.5  # how often a rank checks that rank 0 is still alive
+# What a rank other than 0 runs once joined: (spec, run folder, its group, resume). A module-level function, so
+# that the spawn start method can send it to the new process by its qualified name.
+PeerTarget = Callable[[RunSpec, Path, Group, bool], None]
 
 
 def _localhost_only() -> None:
@@ -142,8 +147,8 @@ def _read_report(pipe: Any) -> tuple[int, str, str] | None:
         return None
 
 
-def start_ranks(spec: RunSpec, out: Path, device_type: str, resume: bool) -> Launch:
-    """Start ranks 1..N-1 and join them as rank 0 (the calling process)."""
+def start_ranks(spec: RunSpec, out: Path, device_type: str, resume: bool, target: PeerTarget) -> Launch:
+    """Start ranks 1..N-1, each running `target` once joined, and join them as rank 0 (the calling process)."""
     world = spec.resources.gpus
     if device_type == "cuda" and torch.cuda.device_count() < world:
         raise RuntimeError(f"resources.gpus={world} but {torch.cuda.device_count()} CUDA device(s) are visible here")
@@ -156,7 +161,8 @@ def start_ranks(spec: RunSpec, out: Path, device_type: str, resume: bool) -> Lau
     procs, pipes = [], []
     for rank in range(1, world):
         recv, send = ctx.Pipe(duplex=False)
-        args = (rank, world, spec.model_dump(mode="json"), str(out), resume, store.port, backend, os.getpid(), threads, send)
+        args = (rank, world, spec.model_dump(mode="json"), str(out), resume, store.port, backend, os.getpid(), threads, send,
+                target)
         procs.append(ctx.Process(target=rank_main, args=args, name=f"torchdeck-rank{rank}"))
         pipes.append(recv)
         procs[-1].start()
@@ -187,9 +193,9 @@ def _watch_parent(parent: int) -> None:
 
 
 def rank_main(rank: int, world: int, spec_data: dict, out: str, resume: bool, port: int, backend: str, parent: int,
-              threads: int, errors: Any) -> None:
-    """A rank other than 0, in its own fresh process: join, train its shards, leave. A collective that
-    broke because a peer is gone is not this rank's error: rank 0 reports the run lost."""
+              threads: int, errors: Any, target: PeerTarget) -> None:
+    """A rank other than 0, in its own fresh process: join, run `target` (train its shards), leave. A collective
+    that broke because a peer is gone is not this rank's error: rank 0 reports the run lost."""
     die_with_parent()
     _watch_parent(parent)
     _localhost_only()
@@ -201,7 +207,7 @@ def rank_main(rank: int, world: int, spec_data: dict, out: str, resume: bool, po
                               timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
         device_type = "cuda" if backend == "nccl" else "cpu"
         ranks = join(rank, world, store, backend, rank_device(device_type, rank), COLLECTIVE_TIMEOUT_S, spec.compile)
-        _train_peer(spec, Path(out), ranks, resume)
+        target(spec, Path(out), ranks, resume)
     except Exception as e:  # noqa: BLE001 - reported to rank 0, which ends the run
         from core.engine import Diverged
 
@@ -211,17 +217,3 @@ def rank_main(rank: int, world: int, spec_data: dict, out: str, resume: bool, po
     errors.close()
     leave()
     os._exit(code)  # skip the interpreter's teardown of torch: nothing of this process needs it
-
-
-def _train_peer(spec: RunSpec, out: Path, ranks: Group, resume: bool) -> None:
-    """What a rank other than 0 runs of `run_training`: the same trainer on its shard, no pre-flight, no files."""
-    from core.engine import fit
-    from core.events import NullSink
-    from core.names import CHECKPOINT_FILES
-    from core.train import _resume, build_trainer, seed_everything
-
-    seed_everything(spec.seed, spec.deterministic)
-    sink = NullSink()
-    t = build_trainer(spec, out, sink, CollectiveControl(ranks), ranks.device, ranks)
-    first_epoch = _resume(t, out / "checkpoints" / CHECKPOINT_FILES["last"], sink) if resume else 1
-    fit(t, first_epoch)

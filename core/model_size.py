@@ -4,14 +4,14 @@ Torch-free: the schema (core/config.py) refuses, at validation, a spec whose mod
 (the dashboard, the CLI and every submit path validate with it), and the pre-flight (core/preflight.py)
 compares the same estimate with the memory of the host or GPU before anything is allocated.
 
-- Parameters are exact for the registered models (core/models.py; a test checks each against torch): the
-  small models' layers are written out here, a torchvision model is its backbone (a constant) plus a head
-  sized to the task. Only an image folder's number of classes is unknown before it is read:
-  FOLDER_CLASSES is assumed (the head is a small part of any model).
+- Parameters are exact for the catalog's models (core/catalog.py; a test checks each against torch): the
+  small models' layers are written out here, family by family; a torchvision model is its backbone (the
+  catalog's footprint) plus a head sized to the task. Only an image folder's number of classes is unknown
+  before it is read: FOLDER_CLASSES is assumed (the head is a small part of any model).
 - Training keeps the weights, a gradient of each trainable one, the optimizer's state (Adam: two values a
   weight; SGD with momentum, RMSprop: one each), and the activations of a batch for the backward pass. Those
   are per input pixel for the convolutional models (measured with torch at 224 px, float32, three channels;
-  within 10 % at 32 px), about half under fp16/bf16 autocast, and about a third with gradient
+  within 20 % at 32 px), about half under fp16/bf16 autocast, and about a third with gradient
   checkpointing. An estimate, meant to tell a runnable spec from an impossible one.
 """
 
@@ -20,26 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core import catalog
+
 MAX_PARAMETERS = 2_000_000_000  # 7.5 GiB of float32 weights: 80 times the largest registered torchvision model
 MAX_TRAINING_BYTES = 1 << 40  # 1 TiB a process: more than any accelerator, and most hosts, hold
 FOLDER_CLASSES = 1000  # an image folder's classes, unknown until it is read
 FLOAT = 4
 
-# name: (parameters without the classification head, the head's input features, activation bytes per pixel)
-TORCHVISION: dict[str, tuple[int, int, int]] = {
-    "resnet18": (11_176_512, 512, 443),
-    "resnet34": (21_284_672, 512, 644),
-    "resnet50": (23_508_032, 2048, 1717),
-    "mobilenet_v3_small": (1_517_856, 1024, 324),
-    "mobilenet_v3_large": (4_202_032, 1280, 882),
-    "efficientnet_b0": (4_007_548, 1280, 1761),
-    "convnext_tiny": (27_820_128, 768, 2176),
-}
-SMALL_CNN_WIDTHS = {"simple_cnn": (16, 32), "simple_cnn_wide": (32, 64)}
-MIN_SIZE = {"mlp": 1, "simple_cnn": 4, "simple_cnn_wide": 4}  # core.models.MODELS' min_size; torchvision: 32
-# (channels, size, classes) of the datasets whose shape the spec does not give
-NATIVE = {"digits": (1, 8, 10), "mnist": (1, 28, 10), "fashion_mnist": (1, 28, 10), "cifar10": (3, 32, 10),
-          "imagefolder": (3, 64, FOLDER_CLASSES)}
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2}  # values kept per trainable weight; sgd and rmsprop: see below
 
 
@@ -66,44 +53,46 @@ class Estimate:
 
 def task_of(spec: Any) -> Task:
     """The input and output shape the model is built for, as far as the spec says."""
-    data = spec.data
-    if data.name == "synthetic":
+    data, entry = spec.data, catalog.dataset(spec.data.name)
+    if entry.kind == "generated":
         channels, size, classes = data.channels, data.size, data.num_classes
-    else:
-        channels, size, classes = NATIVE[data.name]
-    field = "data.image_size" if data.image_size or data.name != "synthetic" else "data.size"
+    else:  # the catalog gives every other kind's shape; a folder's classes are unknown until it is read
+        channels, size, classes = entry.channels, entry.size, entry.classes or FOLDER_CLASSES
+    field = "data.image_size" if data.image_size or entry.kind != "generated" else "data.size"
     return Task(channels, data.image_size or size, classes, field)
 
 
 def parameters(name: str, hidden: int, task: Task) -> int:
     """The model's parameter count (core.models.build_model's, exactly)."""
+    m = catalog.model(name)
     c, k, h = task.channels, task.classes, hidden
-    s = max(task.size, MIN_SIZE.get(name, 32))
-    if name == "mlp":
+    s = max(task.size, m.min_size)
+    if m.footprint is not None:
+        return m.footprint.backbone_parameters + (m.footprint.head_features + 1) * k
+    if m.family == "mlp":
         return (c * s * s + 1) * h + (h + 1) * h + (h + 1) * k
-    if name in SMALL_CNN_WIDTHS:
-        c1, c2 = SMALL_CNN_WIDTHS[name]
-        side = s // 4
-        return (c * 9 + 1) * c1 + (c1 * 9 + 1) * c2 + (c2 * side * side + 1) * h + (h + 1) * k
-    backbone, features, _ = TORCHVISION[name]
-    return backbone + (features + 1) * k
+    c1, c2 = m.widths  # simple_cnn
+    side = s // 4
+    return (c * 9 + 1) * c1 + (c1 * 9 + 1) * c2 + (c2 * side * side + 1) * h + (h + 1) * k
 
 
 def activations_per_sample(name: str, hidden: int, task: Task) -> int:
     """Bytes kept for the backward pass per sample (float32, no checkpointing)."""
-    s = max(task.size, MIN_SIZE.get(name, 32))
-    if name == "mlp":
+    m = catalog.model(name)
+    s = max(task.size, m.min_size)
+    if m.footprint is not None:
+        return m.footprint.activation_bytes_per_pixel * s * s
+    if m.family == "mlp":
         return FLOAT * (task.channels * s * s + 6 * hidden)
-    if name in SMALL_CNN_WIDTHS:  # input; conv1's output, pool indices (int64) and output; conv2's, pool's; fc1's
-        c1, c2 = SMALL_CNN_WIDTHS[name]
-        return s * s * (16 * task.channels + 28 * c1 + 7 * c2) // 4 + FLOAT * 3 * hidden
-    return TORCHVISION[name][2] * s * s
+    c1, c2 = m.widths  # simple_cnn: input; conv1's output, pool indices (int64) and output; conv2's, pool's; fc1's
+    return s * s * (16 * task.channels + 28 * c1 + 7 * c2) // 4 + FLOAT * 3 * hidden
 
 
 def _trainable(spec: Any, total: int, task: Task) -> int:
-    if spec.model.transfer != "feature_extract" or spec.model.name not in TORCHVISION:
+    footprint = catalog.model(spec.model.name).footprint
+    if spec.model.transfer != "feature_extract" or footprint is None:
         return total  # finetune_last_n: counted whole (an upper bound)
-    return (TORCHVISION[spec.model.name][1] + 1) * task.classes
+    return (footprint.head_features + 1) * task.classes
 
 
 def _optimizer_states(optim: Any) -> int:
@@ -132,7 +121,7 @@ def estimate(spec: Any) -> Estimate:
 
 def levers(spec: Any) -> str:
     """The fields that shrink this spec's training memory, for messages."""
-    hidden = " or model.hidden" if spec.model.name in MIN_SIZE else ""
+    hidden = " or model.hidden" if spec.model.name in catalog.HIDDEN_MODELS else ""
     return f"lower train.batch_size, {task_of(spec).size_field}{hidden}, or set model.gradient_checkpointing"
 
 
@@ -143,11 +132,12 @@ def gib(n: float) -> str:
 def refusal(spec: Any) -> str | None:
     """Why no machine can train this spec's model (naming the fields to change), or None."""
     e, task, m = estimate(spec), task_of(spec), spec.model
-    set_by_spec = spec.data.image_size or spec.data.name == "synthetic"
+    set_by_spec = spec.data.image_size or catalog.dataset(spec.data.name).kind == "generated"
     size = f"{task.size_field}={task.size}" if set_by_spec else f"{spec.data.name}'s {task.size}×{task.size} images"
     if e.parameters > MAX_PARAMETERS:
-        grows = f"model.hidden={m.hidden} with {size}" if m.name in MIN_SIZE else f"{task.classes:,} classes"
-        lower = f"lower model.hidden or {task.size_field}" if m.name in MIN_SIZE else "use fewer classes"
+        hidden = m.name in catalog.HIDDEN_MODELS
+        grows = f"model.hidden={m.hidden} with {size}" if hidden else f"{task.classes:,} classes"
+        lower = f"lower model.hidden or {task.size_field}" if hidden else "use fewer classes"
         return (f"{grows} makes {m.name} a model of {e.parameters / 1e9:,.1f} billion parameters "
                 f"({gib(FLOAT * e.parameters)} as float32; training takes about {gib(e.total_bytes)}); at most "
                 f"{MAX_PARAMETERS / 1e9:.0f} billion: {lower}")

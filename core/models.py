@@ -1,9 +1,9 @@
-"""Model registry and factory.
+"""The model factory: one builder per family, for the models core/catalog.py describes.
 
 `build_model(spec, num_classes, in_channels, image_size)` returns a `Classifier`:
 an input adapter (channel repeat / resize for small or grayscale inputs), a
-backbone split into named stages, and a head sized to the task. The uniform
-`stages` list is what transfer learning (freeze / finetune_last_n / progressive
+backbone split into the catalog's named stages, and a head sized to the task. The
+uniform `stages` list is what transfer learning (freeze / finetune_last_n / progressive
 unfreezing), per-layer gradient norms and gradient checkpointing work on.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,8 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from core import catalog
+from core.catalog import ModelEntry, Stage
 from core.checkpoint import read_weights
-from core.config import MODEL_NAMES, ModelSpec
+from core.config import ModelSpec
 
 
 class SimpleCNN(nn.Module):
@@ -126,47 +127,15 @@ def _add_inner_keys(module: nn.Module, state: dict, prefix: str, *_: object) -> 
         state[inner + k[len(prefix) :]] = state.pop(k)
 
 
-@dataclass(frozen=True)
-class ModelEntry:
-    family: str  # "small" or a torchvision family
-    tv_name: str | None  # torchvision.models name
-    stage_names: Callable[[nn.Module], list[str]]  # backbone stages, bottom to top
-    head_path: str  # attribute path of the classification head
-    min_size: int = 32
-
-
-def _resnet_stages(_: nn.Module) -> list[str]:
-    return ["stem", "layer1", "layer2", "layer3", "layer4"]
-
-
-def _features_stages(m: nn.Module) -> list[str]:
-    return [f"features.{i}" for i in range(len(m.features))]
-
-
-MODELS: dict[str, ModelEntry] = {
-    "mlp": ModelEntry("small", None, lambda m: ["fc1", "fc2"], "head", min_size=1),
-    "simple_cnn": ModelEntry("small", None, lambda m: ["conv1", "conv2", "fc1"], "fc2", min_size=4),
-    "simple_cnn_wide": ModelEntry("small", None, lambda m: ["conv1", "conv2", "fc1"], "fc2", min_size=4),
-    "resnet18": ModelEntry("resnet", "resnet18", _resnet_stages, "fc"),
-    "resnet34": ModelEntry("resnet", "resnet34", _resnet_stages, "fc"),
-    "resnet50": ModelEntry("resnet", "resnet50", _resnet_stages, "fc"),
-    "mobilenet_v3_small": ModelEntry("mobilenet", "mobilenet_v3_small", _features_stages, "classifier.3"),
-    "mobilenet_v3_large": ModelEntry("mobilenet", "mobilenet_v3_large", _features_stages, "classifier.3"),
-    "efficientnet_b0": ModelEntry("efficientnet", "efficientnet_b0", _features_stages, "classifier.1"),
-    "convnext_tiny": ModelEntry("convnext", "convnext_tiny", _features_stages, "classifier.2"),
-}
-assert tuple(MODELS) == MODEL_NAMES, "core.config.MODEL_NAMES and core.models.MODELS must list the same models"
-
-
 class Classifier(nn.Module):
     """adapter → backbone → head, with the backbone's stages named for transfer learning."""
 
-    def __init__(self, name: str, adapter: nn.Module, net: nn.Module, stage_paths: list[str], head_path: str):
+    def __init__(self, name: str, adapter: nn.Module, net: nn.Module, stages: tuple[Stage, ...], head_path: str):
         super().__init__()
         self.arch = name
         self.adapter = adapter
         self.net = net
-        self.stage_paths = stage_paths
+        self.stage_specs = stages
         self.head_path = head_path
         self.weights_report: dict[str, list[str]] | None = None  # set when loaded from model.weights_file
         self.head_report: dict | None = None  # with weights_file: whether its head was loaded or left fresh, and why
@@ -175,13 +144,8 @@ class Classifier(nn.Module):
         return self.net(self.adapter(x))
 
     def stages(self) -> list[tuple[str, list[nn.Module]]]:
-        """Backbone stages bottom→top, then the head: (name, modules)."""
-        out = []
-        for p in self.stage_paths:
-            if p == "stem":  # resnet's stem is four modules, not one
-                out.append(("stem", [self.net.conv1, self.net.bn1]))
-            else:
-                out.append((p, [self.net.get_submodule(p)]))
+        """Backbone stages bottom→top, then the head: (name, modules), as the catalog lists their module paths."""
+        out = [(s.name, [self.net.get_submodule(p) for p in s.modules]) for s in self.stage_specs]
         out.append(("head", [self.net.get_submodule(self.head_path)]))
         return out
 
@@ -208,38 +172,51 @@ def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, attr, new)
 
 
-def pretrained_weights_path(tv_name: str) -> Path:
-    """Where torchvision's weights API looks for (and downloads) `tv_name`'s default weights."""
+def pretrained_weights_path(name: str) -> Path:
+    """Where torchvision's weights API looks for (and downloads) the catalog's weights of model `name`."""
+    weights = catalog.model(name).weights
+    if weights is None:
+        raise ValueError(f"model {name} has no pretrained weights")
+    return Path(torch.hub.get_dir()) / "checkpoints" / weights.file
+
+
+def _pretrained(entry: ModelEntry, name: str) -> object:
+    """torchvision's weights object the catalog names, after checking it is the file the catalog says."""
     import torchvision
 
-    url = torchvision.models.get_model_weights(tv_name).DEFAULT.url
-    return Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+    assert entry.weights is not None
+    weights = torchvision.models.get_model_weights(entry.builder)[entry.weights.name]
+    if Path(weights.url).name != entry.weights.file:  # a torchvision upgrade changed them: the catalog must follow
+        raise RuntimeError(f"core/catalog.py says {name}'s {entry.weights.name} weights are {entry.weights.file}, "
+                           f"but this torchvision's are {Path(weights.url).name}: update the catalog")
+    return weights
 
 
-def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int) -> nn.Module:
+def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int,
+                     size: int) -> tuple[nn.Module, str]:
+    """Any torchvision classifier: its builder by name, the catalog's weights, the head replaced (a dropout
+    before it when asked). Every torchvision family builds this way; only the catalog entries differ."""
     import torchvision
 
-    assert entry.tv_name is not None
-    weights = None
-    if spec.pretrained:
-        # The weights API reads $TORCH_HOME/hub/checkpoints/<file> before downloading,
-        # so a planted or previously cached file works offline.
-        weights = torchvision.models.get_model_weights(entry.tv_name).DEFAULT
+    # The weights API reads $TORCH_HOME/hub/checkpoints/<file> before downloading,
+    # so a planted or previously cached file works offline.
+    weights = _pretrained(entry, spec.name) if spec.pretrained else None
     try:
-        net = torchvision.models.get_model(entry.tv_name, weights=weights)
+        net = torchvision.models.get_model(entry.builder, weights=weights)
     except Exception as e:  # noqa: BLE001 - turned into an actionable message
         if weights is None:
             raise
-        where = pretrained_weights_path(entry.tv_name)
+        where = pretrained_weights_path(spec.name)
         raise RuntimeError(
-            f"could not load pretrained weights for {entry.tv_name}: {where.name} is not in {where.parent} "
+            f"could not load pretrained weights for {spec.name}: {where.name} is not in {where.parent} "
             f"and could not be downloaded ({e.__class__.__name__}: {e}). Offline, place the file {where.name} "
             f"in $TORCH_HOME/hub/checkpoints/ (here: {where.parent}; TORCH_HOME defaults to ~/.cache/torch), "
             "or set model.pretrained=false."
         ) from e
-    old = net.get_submodule(entry.head_path)
-    _replace(net, entry.head_path, nn.Linear(old.in_features, num_classes))  # head sized to the task
-    return net
+    old = net.get_submodule(entry.head)
+    _replace(net, entry.head, nn.Linear(old.in_features, num_classes))  # head sized to the task
+    head = _add_head_dropout(net, entry.head, spec.dropout) if spec.dropout > 0 else entry.head
+    return net, head
 
 
 def _add_head_dropout(net: nn.Module, head_path: str, p: float) -> str:
@@ -256,38 +233,45 @@ def _add_head_dropout(net: nn.Module, head_path: str, p: float) -> str:
     return f"{head_path}.1"
 
 
-def _small_net(spec: ModelSpec, num_classes: int, in_channels: int, size: int) -> nn.Module:
-    if spec.pretrained:
-        raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
-    if spec.name == "mlp":
-        return MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout)
-    widths = (16, 32) if spec.name == "simple_cnn" else (32, 64)  # the two classic variants
-    return SimpleCNN(in_channels, num_classes, size, widths, spec.hidden, spec.dropout)
+def _mlp(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int, size: int) -> tuple[nn.Module, str]:
+    return MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout), entry.head
+
+
+def _simple_cnn(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int,
+                size: int) -> tuple[nn.Module, str]:
+    c1, c2 = entry.widths
+    return SimpleCNN(in_channels, num_classes, size, (c1, c2), spec.hidden, spec.dropout), entry.head
+
+
+# (catalog entry, spec, classes, input channels, input side) -> (the network, its head's module path)
+Builder = Callable[[ModelEntry, ModelSpec, int, int, int], tuple[nn.Module, str]]
+# One builder per family (core/catalog.py's ModelEntry.family); torchvision's families share one.
+BUILDERS: dict[str, Builder] = {
+    "mlp": _mlp,
+    "simple_cnn": _simple_cnn,
+    **dict.fromkeys(("resnet", "regnet", "mobilenet", "efficientnet", "convnext"), _torchvision_net),
+}
 
 
 def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int,
                 class_names: list[str] | None = None) -> Classifier:
-    """Create a registered model for `num_classes` classes on `in_channels`×`image_size`² inputs.
+    """Create a catalog model for `num_classes` classes on `in_channels`×`image_size`² inputs.
     With `spec.weights_file`, the load report (missing / unexpected / shape_mismatch keys) is kept
     in `model.weights_report`, and whether the file's head was used (see head_plan: `class_names`
     are the task's) in `model.head_report`."""
-    entry = MODELS[spec.name]
-    head_path = entry.head_path
-    if entry.family == "small":
-        adapter: nn.Module = InputAdapter(in_channels, in_channels, image_size, entry.min_size)
-        net = _small_net(spec, num_classes, in_channels, max(image_size, entry.min_size))
-    else:
-        adapter = InputAdapter(in_channels, 3, image_size, entry.min_size)
-        net = _torchvision_net(entry, spec, num_classes)
-        if spec.dropout > 0:
-            head_path = _add_head_dropout(net, head_path, spec.dropout)
-    model = Classifier(spec.name, adapter, net, entry.stage_names(net), head_path)
+    entry = catalog.model(spec.name)
+    if spec.pretrained and entry.weights is None:
+        raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
+    channels = entry.input_channels or in_channels
+    adapter = InputAdapter(in_channels, channels, image_size, entry.min_size)
+    net, head_path = BUILDERS[entry.family](entry, spec, num_classes, channels, max(image_size, entry.min_size))
+    model = Classifier(spec.name, adapter, net, entry.stages, head_path)
     if spec.weights_file:
         model.weights_report = load_weights_file(model, spec.weights_file, spec, class_names)
     if spec.gradient_checkpointing:
-        for p in model.stage_paths:
-            if p != "stem":  # stage names and state_dict keys stay the same (see _Checkpointed)
-                _replace(model.net, p, _Checkpointed(model.net.get_submodule(p)))
+        for stage in entry.stages:
+            if len(stage.modules) == 1:  # a stage of several modules (resnet's stem) has no one forward to wrap
+                _replace(model.net, stage.modules[0], _Checkpointed(model.net.get_submodule(stage.modules[0])))
     return model
 
 

@@ -28,7 +28,6 @@ SWEEP_STATUSES = ("running", "completed", "cancelled", "failed")
 SWEEP_FINISHED = ("completed", "cancelled", "failed")
 SWEEP_METHODS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "asha")
-OBJECTIVE_METRICS = ("val/loss", "val/acc", "train/loss", "train/acc")  # per-epoch values a trial is judged on
 
 # --- queues and tasks ---------------------------------------------------------------------------------
 GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"
@@ -133,6 +132,7 @@ HISTOGRAM_EVENT, HIST_BINS, HIST_RANGE = "histogram", 32, (-10.0, 2.0)
 # --- metric keys --------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"
 VAL_LOSS, VAL_ACC, VAL_ACC_TOP5 = "val/loss", "val/acc", "val/acc_top5"
+VAL_F1_MACRO = "val/f1_macro"  # the mean of the per-class F1 scores, every class counting the same
 LR, GRAD_NORM, THROUGHPUT, DATA_WAIT = "lr", "grad_norm", "throughput", "data_wait"
 EPOCH_TIME, LR_EPOCH, PEAK_MEMORY, DATA_WAIT_EPOCH = "epoch_time_s", "lr_epoch", "mem/peak_mb", "data_wait_epoch"
 SYSTEM_PREFIX = "sys/"  # system metrics: their step is the Unix time in seconds

@@ -19,6 +19,13 @@ def class_scores(tp: Sequence[float], support: Sequence[float], predicted: Seque
             "f1": [round(v, digits) for v in f1], "support": [int(s) for s in support]}
 
 
+def macro_f1(tp: Sequence[float], support: Sequence[float], predicted: Sequence[float]) -> float:
+    """The mean F1 over the classes that occur, as truth or as prediction (scikit-learn's f1_score with
+    average="macro"): every class counts the same, so a rare class done badly shows where accuracy hides it."""
+    f1 = [2 * t / (s + p) for t, s, p in zip(tp, support, predicted, strict=True) if s + p]
+    return sum(f1) / len(f1) if f1 else 0.0
+
+
 def scores_from_confusion(confusion: Sequence[Sequence[float]]) -> dict[str, list[float]]:
     """class_scores of a confusion matrix whose rows are the true classes and columns the predicted ones."""
     c = len(confusion)

@@ -15,17 +15,15 @@ from functools import cache, lru_cache
 from itertools import chain, repeat
 from math import isfinite, isnan
 from operator import not_
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, Dialect, case
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import Insert
 
+from db.batch import Batch
 from db.models import Metric, MetricRollup
 from db.rollup import ROW_COLUMNS
-
-if TYPE_CHECKING:
-    from db.metrics import Batch
 
 METRIC_COLUMNS = ("run_id", "key", "step", "epoch", "value", "nonfinite", "wall_time")
 # SQLite: rows per multi-row INSERT. A power of two (see `_chunk_sizes`); at

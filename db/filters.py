@@ -27,7 +27,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from sqlalchemy import exists, func, not_, select
 
-from core.config import DATASET_NAMES, MODEL_NAMES, RunSpec
+from core.catalog import DATASET_NAMES, MODEL_NAMES
+from core.config import RunSpec
 from db.models import Account, MetricRollup, Run, RunTag
 from db.rollup import WHOLE_SERIES_LEVEL
 from db.types import RUN_STATUSES
@@ -99,7 +100,7 @@ def spec_fields() -> dict[str, tuple[str, tuple[Any, ...]]]:
                 out[f"{prefix}{name}"] = _leaf(annotation)
 
     walk(RunSpec, "")
-    out["data.name"], out["model.name"] = ("text", DATASET_NAMES), ("text", MODEL_NAMES)  # closed registries
+    out["data.name"], out["model.name"] = ("text", DATASET_NAMES), ("text", MODEL_NAMES)  # the catalog's names
     return out
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from itertools import compress, islice
+from itertools import islice
 from math import isfinite
 from operator import attrgetter, index, lt
-from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, text
 
+from db.batch import Batch, Columns
 from db.bulk import write_postgres, write_sqlite
 from db.engine import connection_scope
 from db.errors import NotOwned, RunNotFound
@@ -64,41 +63,6 @@ def point_problem(point: MetricPoint) -> str | None:
     except ValueError as e:
         return str(e)
     return None
-
-
-@dataclass
-class Columns:
-    """One key's points, validated, column by column: steps sorted and unique,
-    the other fields in step order. NaN stays NaN here (NULL once stored)."""
-
-    key: str
-    steps: list[int]
-    values: list[float]
-    epochs: list[int | None]
-    walls: list[float]
-    finite: bool  # every value is finite: the common case, written the fast way
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def select(self, keep: Sequence[bool]) -> Columns:
-        """The points where `keep` is true."""
-        values = list(compress(self.values, keep))
-        return Columns(self.key, list(compress(self.steps, keep)), values,
-                       list(compress(self.epochs, keep)), list(compress(self.walls, keep)),
-                       self.finite or all(map(isfinite, values)))
-
-
-@dataclass
-class Batch:
-    """Validated points of one run, and the rows to write for those not stored yet."""
-
-    run_id: str
-    series: list[Columns]
-    new: list[Columns] = field(default_factory=list)
-    rollups: list[tuple[Any, ...]] = field(default_factory=list)  # ROW_COLUMNS but run_id
-    # The stored steps `new` leaves out: a batch retried after a rollback is planned again.
-    planned_without: dict[str, set[int]] = field(default_factory=dict)
 
 
 def prepare(run_id: str, points: Iterable[MetricPoint]) -> Batch:

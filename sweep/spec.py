@@ -29,10 +29,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from core import bounded_yaml
+from core import bounded_yaml, catalog
 from core.admission import FILE_FIELDS
+from core.catalog import OBJECTIVES
 from core.config import RunSpec, SpecError, apply_overrides, describe_errors
-from core.names import OBJECTIVE_METRICS, PRUNERS, SWEEP_METHODS, TRAIN_EPOCH_LOSS, TRAIN_LOSS, is_loss
+from core.names import PRUNERS, SWEEP_METHODS
 
 MAX_TRIALS = 2_000
 MAX_RUNS = 10_000  # trials × seeds
@@ -156,9 +157,9 @@ def _check_float_range(low: float, high: float, step: float | None) -> None:
 
 
 class ObjectiveSpec(_Section):
-    metric: Literal[OBJECTIVE_METRICS] | None = Field(None, description="Per-epoch metric the sweep optimises "
-                                                      "(default: the base spec's early-stopping monitor).")
-    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies.")
+    metric: Literal[OBJECTIVES] | None = Field(None, description="Per-epoch metric the sweep optimises "
+                                               "(default: the base spec's early-stopping monitor).")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies and F1.")
 
 
 class BudgetSpec(_Section):
@@ -248,13 +249,13 @@ class SweepSpec(_Section):
     @property
     def stored_metric(self) -> str:
         """The metric key the per-epoch objective is stored under (train/loss per epoch is train/epoch_loss)."""
-        return TRAIN_EPOCH_LOSS if self.metric == TRAIN_LOSS else self.metric
+        return catalog.stored_key(self.metric)
 
     @property
     def mode(self) -> Literal["min", "max"]:
         if self.objective.mode != "auto":
             return self.objective.mode
-        return "min" if is_loss(self.metric) else "max"
+        return catalog.better(self.metric)
 
     @property
     def sampler_seed(self) -> int:

@@ -21,8 +21,9 @@ from app import fmt as f
 from app import services, sweeps
 from app.schema import FIELDS, FormField, field_for_error, set_path
 from app.ui import frame, queries, run_view, spec_form, sweep_view
+from core.catalog import OBJECTIVES
 from core.config import RunSpec, SpecError
-from core.names import OBJECTIVE_METRICS, PRUNERS, SWEEP_METHODS
+from core.names import PRUNERS, SWEEP_METHODS
 from sweep.spec import MAX_CHOICES, MAX_TRIALS, ParamSpec, SweepSpec, SweepSpecError, sweepable_paths
 
 K = frame.page_state("nr.sw")
@@ -174,10 +175,10 @@ WIDGETS: dict[str, tuple[str, Any, dict[str, Any]]] = {
     "budget.parallel": ("at once", 1, {"min_value": 1, "max_value": 256, "help": "Configurations in flight at once."}),
     "seeds": ("seeds", 1, {"min_value": 1, "max_value": 20, "help": "Runs per configuration (base seed, +1, …): "
                            "its objective is their mean ± std."}),
-    "objective.metric": ("objective", AUTO, {"options": (AUTO, *OBJECTIVE_METRICS), "help": "The per-epoch metric "
+    "objective.metric": ("objective", AUTO, {"options": (AUTO, *OBJECTIVES), "help": "The per-epoch metric "
                                              "to optimise. auto: the early-stopping monitor."}),
     "objective.mode": ("goal", "auto", {"options": ("auto", "max", "min"), "help": "auto: min for losses, max for "
-                                        "accuracies."}),
+                                        "accuracies and F1."}),
     "pruner.kind": ("pruner", "none", {"options": PRUNERS, "help": "Stop trailing trials early: median (below the "
                                        "median of completed trials at that epoch) or asha (successive halving)."}),
 }

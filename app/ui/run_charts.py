@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.ui import queries
+from core import catalog
 from core import names as n
 from app.charts import X_TITLES, Trace, line_dict, step_mapper
 from app.ui import live_series
@@ -36,8 +37,8 @@ class ChartSpec:
 
 
 CHARTS: tuple[ChartSpec, ...] = (
-    ChartSpec("Loss", (n.TRAIN_LOSS, n.TRAIN_EPOCH_LOSS, n.VAL_LOSS)),
-    ChartSpec("Accuracy", (n.TRAIN_ACC, n.VAL_ACC, n.VAL_ACC_TOP5)),
+    # The per-epoch metrics' charts (Loss, Accuracy), as core/catalog.py groups them.
+    *(ChartSpec(title, keys) for title, keys in catalog.chart_keys().items()),
     ChartSpec("Learning rate", (n.LR,), smooth=False),
     ChartSpec("Gradient norm (total and per layer group)", (n.GRAD_NORM,), (n.GRAD_NORM_PREFIX,), log_y=True),
     ChartSpec("Update / parameter ratio per layer group", (), (n.UPDATE_RATIO_PREFIX,), log_y=True),
@@ -49,7 +50,8 @@ CHARTS: tuple[ChartSpec, ...] = (
               system=True, smooth=False),
     ChartSpec("System: memory (MB)", (n.SYS_RSS,), (), system=True, smooth=False),
 )
-EPOCH_KEYS = (n.TRAIN_EPOCH_LOSS, n.TRAIN_ACC, "val/", n.EPOCH_TIME, n.PEAK_MEMORY, n.LR_EPOCH, n.DATA_WAIT_EPOCH)
+EPOCH_KEYS = (*map(catalog.stored_key, catalog.METRICS), "val/", n.EPOCH_TIME, n.PEAK_MEMORY, n.LR_EPOCH,
+              n.DATA_WAIT_EPOCH)
 MAX_POINTS = 2000  # a finished run's charts (a running run's: live_series.LIVE_POINTS)
 
 

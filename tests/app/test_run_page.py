@@ -79,6 +79,13 @@ def test_running_run_fetches_only_new_points(page, engine, monkeypatch):
     assert loss["x"][-2:] == [31, 32]
 
 
+def test_val_f1_macro_is_drawn_per_epoch_on_the_accuracy_chart(page, engine):
+    r = seed_run(engine, "f1", status="running", steps=30, epochs=3)
+    repo.append_metrics(engine, r.id, [MetricPoint("val/f1_macro", e * 10, 0.3 * e, e) for e in (1, 2, 3)])
+    f1 = _trace(_figures(page("run.py", id=r.id))["Accuracy"], "val/f1_macro")
+    assert f1["x"] == [10, 20, 30] and f1["y"] == pytest.approx([0.3, 0.6, 0.9]) and f1["mode"] == "lines+markers"
+
+
 def test_diagnosis_evaluation_and_event_log(page, engine):
     r = seed_run(engine, "diag", epochs=1)
     seed_evaluation(engine, r.id)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.config import DATASET_NAMES, MODEL_NAMES, RunSpec, SpecError, load_spec
+from core.catalog import DATASET_NAMES, MODEL_NAMES
+from core.config import RunSpec, SpecError, load_spec
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from core.config import DATASET_NAMES, AugmentSpec, DataSpec, LoaderSpec
+from core.config import AugmentSpec, DataSpec, LoaderSpec
 from core.data import (
-    DATASETS,
     DataError,
     DeviceBatches,
     HostBatches,
@@ -69,11 +68,7 @@ def _mean_colour_by_label(bundle) -> dict[str, list[float]]:
     return {name: x[y == i].mean(dim=(0, 2, 3)).tolist() for i, name in enumerate(bundle.info.class_names)}
 
 
-# --- registry and sources ---------------------------------------------------------------------
-
-
-def test_registry_offers_exactly_the_configured_datasets():
-    assert tuple(DATASETS) == DATASET_NAMES
+# --- sources ---------------------------------------------------------------------
 
 
 def test_digits_is_the_real_handwritten_digits_set():

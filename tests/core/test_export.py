@@ -26,7 +26,8 @@ from core.config import DataSpec, ModelSpec, RunSpec
 from core.data import Preprocess, load_data
 from core.export import export_model
 from core.names import EXPORT_FORMATS as FORMATS
-from core.models import MODELS, build_model
+from core.catalog import MODELS
+from core.models import build_model
 
 BIG = {"resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large"}  # slowest to export on CPU
 
@@ -67,7 +68,7 @@ def _assert_verified(report: dict, out: Path, fmt: str) -> None:
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in MODELS])
 def test_every_registered_model_exports_to_every_format_within_tolerance(name: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    channels, size = (1, 8) if MODELS[name].family == "small" else (3, 16)  # grayscale digits / small RGB
+    channels, size = (1, 8) if MODELS[name].library == "torchdeck" else (3, 16)  # grayscale digits / small RGB
     model = build_model(ModelSpec(name=name, hidden=32), num_classes=3, in_channels=channels, image_size=size)
     model.train()  # the export must switch to eval() itself and give the mode back
     report = export_model(model, _batch(10, channels, size), tmp_path, list(FORMATS), _meta(channels, size, arch=name))

@@ -203,10 +203,11 @@ def test_preflight_writes_labelled_sample_grid_and_overfit_verdict(tmp_path):
 
 
 def test_shape_mismatch_fails_with_expected_vs_actual(tmp_path, monkeypatch):
-    import core.train as ct
+    import core.recipe
     from core.models import build_model
 
-    monkeypatch.setattr(ct, "build_model", lambda spec, n, c, s: build_model(spec, n + 2, c, s))
+    # the trainer is set up in core/recipe.py: its model gets two classes too many
+    monkeypatch.setattr(core.recipe, "build_model", lambda spec, n, c, s: build_model(spec, n + 2, c, s))
     summary = run_training(tiny(), tmp_path, MemorySink())
     assert summary["status"] == "failed"
     assert "(batch, classes)" in summary["error"] and "(2, 5)" in summary["error"]

@@ -1,7 +1,7 @@
 """Models too large to train (core/model_size.py): a spec whose model no machine can train (a 25.8-billion-
 parameter MLP: `model.hidden: 8192` on 1024-px images) is refused at validation, naming the fields, without
 torch; the pre-flight refuses one that does not fit where it trains, before anything is built. The estimate is
-checked against torch: the parameter count is the real one of every registered model (core/models.py),
+checked against torch: the parameter count is the real one of every catalog model (core/catalog.py),
 whatever the task's classes, channels and image size, and the activations are within a fifth of the bytes
 autograd really keeps for the backward pass."""
 
@@ -19,7 +19,8 @@ import yaml
 from core import model_size
 from core.config import ModelSpec, RunSpec, SpecError
 from core.model_size import Task
-from core.models import MODELS, build_model, count_parameters
+from core.catalog import MODELS
+from core.models import build_model, count_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 GIANT_MLP = {"data": {"name": "synthetic", "image_size": 1024}, "model": {"name": "mlp", "hidden": 8192}}

@@ -37,15 +37,15 @@ def quality(params) -> float:
     return 0.9 - abs(math.log10(params["optim.lr"]) + 2) * 0.2 + (0.01 if params["optim.weight_decay"] else 0.0)
 
 
-def play(engine, run, epochs: int | None = None) -> str:
-    """Train `run` by hand: claim, one val/acc point per epoch (rising to its quality), judged at each end."""
+def play(engine, run, epochs: int | None = None, key: str = "val/acc") -> str:
+    """Train `run` by hand: claim, one `key` point per epoch (rising to its quality), judged at each end."""
     repo.claim_run(engine, run.id, "w1")
     spec = RunSpec.model_validate(run.spec)
     params = {"optim.lr": spec.optim.lr, "optim.weight_decay": spec.optim.weight_decay}
     last = spec.train.epochs if epochs is None else epochs
     for epoch in range(1, last + 1):
         value = quality(params) * (1 - 0.5 / epoch)
-        repo.append_metrics(engine, run.id, [repo.MetricPoint("val/acc", epoch * 10, value, epoch=epoch)])
+        repo.append_metrics(engine, run.id, [repo.MetricPoint(key, epoch * 10, value, epoch=epoch)])
         reason = control.judge_run(engine, repo.get_run(engine, run.id), epoch) if epoch < spec.train.epochs else None
         if reason:
             repo.finish_run(engine, run.id, "pruned", summary={"epochs_run": epoch, "pruned": reason})
@@ -56,12 +56,12 @@ def play(engine, run, epochs: int | None = None) -> str:
     return "running"
 
 
-def drain(engine, sweep_id, queue: Queue) -> list[str]:
+def drain(engine, sweep_id, queue: Queue, key: str = "val/acc") -> list[str]:
     """Play every queued run in order, advancing the sweep after each, until the sweep ends."""
     statuses = []
     while queue.sent:
         run = repo.get_run(engine, queue.sent.pop(0))
-        statuses.append(play(engine, run))
+        statuses.append(play(engine, run, key=key))
         control.advance(engine, sweep_id, queue)
     return statuses
 
@@ -79,6 +79,15 @@ def test_a_grid_runs_each_configuration_once_and_finds_the_best(engine) -> None:
     assert repo.get_sweep(engine, sweep.id).status == "completed"
     top = control.best(control.load_state(engine, repo.get_sweep(engine, sweep.id)))
     assert top.params == {"optim.lr": 0.01, "optim.weight_decay": 0.001}
+
+
+def test_a_sweep_on_val_f1_macro_finds_the_configuration_with_the_highest_f1(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(objective={"metric": "val/f1_macro"}, pruner={"kind": "median"}),
+                           owner="ana", send=queue)
+    drain(engine, sweep.id, queue, key="val/f1_macro")
+    state = control.load_state(engine, repo.get_sweep(engine, sweep.id))
+    assert control.best(state).params == {"optim.lr": 0.01, "optim.weight_decay": 0.001}  # the highest, not lowest
 
 
 def test_asha_prunes_trailing_trials_with_a_reason_and_uses_fewer_epochs(engine) -> None:

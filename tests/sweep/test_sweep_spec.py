@@ -26,6 +26,16 @@ def test_yaml_round_trip_and_defaults():
     assert again == spec and "int:" in spec.to_yaml()
 
 
+def test_val_f1_macro_is_an_objective_higher_is_better_read_where_it_is_stored():
+    spec = SweepSpec.from_yaml("space: {optim.lr: {choice: [0.1, 0.01]}}\nobjective: {metric: val/f1_macro}", base=BASE)
+    assert (spec.metric, spec.mode, spec.stored_metric) == ("val/f1_macro", "max", "val/f1_macro")
+    monitored = BASE.model_copy(update={"train": BASE.train.model_copy(update={
+        "early_stopping": BASE.train.early_stopping.model_copy(update={"monitor": "val/f1_macro"})})})
+    by_default = SweepSpec.from_yaml("space: {optim.lr: {choice: [0.1, 0.01]}}", base=monitored)
+    assert (by_default.metric, by_default.mode) == ("val/f1_macro", "max")  # the base's early-stopping monitor
+    assert SweepSpec.from_yaml(spec.to_yaml()) == spec
+
+
 def test_grids_are_sized_from_choices_steps_and_points():
     spec = SweepSpec.from_yaml("space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1], num: 4}\n"
                                "  optim.momentum: {uniform: [0.5, 0.9], step: 0.2}\n  train.batch_size: {int: [16, 48], step: 16}\n"

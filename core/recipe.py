@@ -1,0 +1,124 @@
+"""The setup steps of a run, shared by its processes: the device, the seeds, the trainer (data, model, optimizer,
+schedule, loaders) and a resume from last.pt. `train_peer` is what a rank other than 0 runs of a run.
+
+Its own module so that the two sides of a run on several processes need not import each other: core.train (rank
+0's whole run) starts the other ranks through core.launch, handing it `train_peer` as their target, and
+core.launch never imports core.train.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
+from core.config import RunSpec
+from core.data import load_data, make_batches
+from core.diagnosis import Diagnoser
+from core.distributed import SOLO, CollectiveControl, Group, Ranks
+from core.engine import Trainer, fit, steps_per_epoch
+from core.events import Control, NullSink, Sink
+from core.models import build_model, count_parameters, load_weights_file
+from core.names import CHECKPOINT_FILES
+from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
+
+
+def resolve_device(spec: RunSpec) -> torch.device:
+    cuda = torch.cuda.is_available()
+    if spec.device == "cuda" and not cuda:
+        raise RuntimeError("device=cuda was asked but no CUDA device is visible here (check CUDA_VISIBLE_DEVICES, the driver, "
+                           "and that torch is a CUDA build); use device=auto or cpu")
+    device = torch.device("cuda" if spec.device == "cuda" or (spec.device == "auto" and cuda) else "cpu")
+    if device.type == "cpu" and spec.train.precision == "fp16":
+        raise RuntimeError("train.precision=fp16 needs CUDA, and this run resolved to the CPU; use bf16 or fp32")
+    return device
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Python, NumPy and torch seeds; deterministic algorithms when asked."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.benchmark = True
+
+
+def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device,
+                  ranks: Ranks = SOLO) -> Trainer:
+    """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
+    global batch (train.batch_size / world each) and the model wrapped in DDP."""
+    data = load_data(spec.data, spec.seed)
+    info = data.info
+    sink.event("lifecycle", "info", f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
+               f"{info.channels}×{info.image_size}×{info.image_size}", {"code": "data", **info.to_dict()})
+    if info.skipped:
+        sink.event("data", "warning", f"{info.skipped} unreadable image(s) skipped", {"code": "skipped_images", "files": info.skipped_files})
+    # The weights file is loaded here, where the task's class names are known (they decide whose head: head_plan).
+    model = build_model(spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels,
+                        info.image_size)
+    if spec.model.weights_file:
+        model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
+    model = model.to(device)
+    report = getattr(model, "weights_report", None)
+    if report:
+        head = model.head_report or {}
+        sink.event("lifecycle", "warning" if any(report.values()) else "info",
+                   f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
+                   f"{len(report['shape_mismatch'])} shape-mismatched keys; head {head.get('head')}: {head.get('reason')}",
+                   {"code": "weights_file", **report, "head": head.get("head"), "head_reason": head.get("reason"),
+                    "head_keys_not_loaded": head.get("dropped", []), "weights_classes": head.get("file_classes", [])})
+    apply_transfer(model, spec.model, 1)
+    total, trainable = count_parameters(model)
+    sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
+               {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)})
+    forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
+    optimizer = build_optimizer(model, spec.optim, spec.model)
+    w = ranks.world
+    train_b = make_batches(data.train, spec.train.batch_size // w, True, device, spec.seed, spec.loader, ranks.rank, w)
+    val_b = make_batches(data.val, -(-max(spec.train.batch_size, 256) // w), False, device, spec.seed, spec.loader,
+                         ranks.rank, w)
+    es = spec.train.early_stopping
+    schedule = Schedule(optimizer, spec.schedule, steps_per_epoch(len(train_b), spec.train), spec.train.epochs,
+                        es.resolved_mode)
+    return Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=schedule,
+                   amp=AmpStep(spec.train, device.type), data=data, train_batches=train_b, val_batches=val_b,
+                   device=device, sink=sink, control=control, diagnoser=Diagnoser(sink),
+                   early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out, ranks=ranks)
+
+
+def resume_from(t: Trainer, path: Path, sink: Sink) -> int:
+    """Load a last.pt into a built trainer (weights, optimizer, schedule, scaler, early stopping, counters,
+    random streams); returns the first epoch to train."""
+    ck = load_checkpoint(path, t.device)
+    t.model.load_state_dict(ck["model"])
+    apply_transfer(t.model, t.spec.model, ck["epoch"] + 1)
+    t.optimizer.load_state_dict(ck["optimizer"])
+    t.schedule.load_state_dict(ck["schedule"])
+    t.amp.scaler.load_state_dict(ck["scaler"])
+    t.early.load_state_dict(ck["early_stopping"])
+    t.global_step, t.epoch, t.history = ck["global_step"], ck["epoch"], list(ck["history"])
+    t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
+    t.ref_loss = ck["ref_loss"]
+    set_rng_state(t.ranks.own_rng(ck))  # on several ranks, each its own streams
+    sink.event("lifecycle", "info", f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
+               {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]})
+    return ck["epoch"] + 1
+
+
+def train_peer(spec: RunSpec, out: Path, ranks: Group, resume: bool) -> None:
+    """What a rank other than 0 runs of `core.train.run_training`: the same trainer on its shard, no pre-flight,
+    no files (core.launch starts it in each of those ranks' processes)."""
+    seed_everything(spec.seed, spec.deterministic)
+    sink = NullSink()
+    t = build_trainer(spec, out, sink, CollectiveControl(ranks), ranks.device, ranks)
+    first_epoch = resume_from(t, out / "checkpoints" / CHECKPOINT_FILES["last"], sink) if resume else 1
+    fit(t, first_epoch)
