@@ -18,10 +18,18 @@ Prints `name=value` lines:
 - live_latency_s_p95: a metric point committed the way the worker's DB sink writes it (worker/sink.py)
   until the Run page open in Chromium draws it; p95 over the samples. Target ≤ 0.5 s. (The sink's
   buffering, 1 s by default, comes on top.)
-- server_cpu_per_viewer_pct / browser_cpu_per_viewer_pct: the dashboard server's CPU (and Chromium's)
-  while live Run pages are open on a real training run (benchmarks/_viewer.py), in % of one core, per
-  viewer, with one page open and with three (`_3_viewers`: what a run's watchers share). Targets
-  ≤ 5 % (server) and ≤ 10 % (browser).
+- server_cpu_per_viewer_pct / browser_cpu_per_viewer_pct: the dashboard server's CPU (and this benchmark's
+  Chromium's) while live Run pages are open on a real training run (benchmarks/_viewer.py), in % of one core,
+  per viewer, with one page open and with three (`_3_viewers`: what a run's watchers share); the median of
+  10-s samples taken in 2 rounds (1 with --quick) whose 1- and 3-viewer windows alternate in order, the server's
+  idle CPU (no page open, same run training) subtracted. Each sample fails the benchmark (exit status 1, the
+  reason printed) unless the run was running at its start and end and stored new points in between, and every
+  open page drew newer steps: a page on a finished run costs nothing and measures nothing. The spread (n, min,
+  median, max) is printed above each pair. Targets ≤ 5 % (server) and ≤ 10 % (browser).
+
+Other processes on the machine (tests beside it) change wall-clock figures; the CPU figures are process CPU
+time, and the load average at the start and the end is printed (`# load ...`) to say under what load they were
+taken.
 """
 
 from __future__ import annotations
@@ -137,7 +145,7 @@ def seed_series(engine: Engine, n_runs: int, n_points: int) -> list[str]:
 
 
 class Server:
-    """The dashboard on a free port, started with the command `torchdeck up` uses (app.launcher.ui_command)."""
+    """The dashboard on a free port, started with the command `torchdeck up` uses (app.cli.processes.ui_command)."""
 
     def __init__(self, home: Path) -> None:
         import socket
@@ -147,7 +155,7 @@ class Server:
             self.port = s.getsockname()[1]
         env = {**os.environ, "TORCHDECK_HOME": str(home)}
         self.log = open(home / "ui.log", "wb")  # noqa: SIM115
-        from app.launcher import ui_command
+        from app.cli.processes import ui_command
 
         self.proc = subprocess.Popen(ui_command(home, self.port), cwd=ROOT, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
@@ -260,19 +268,43 @@ def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> floa
     return statistics.quantiles(latencies, n=20, method="inclusive")[-1] if len(latencies) >= 2 else latencies[0]
 
 
-def viewer_lines(browser, server: Server, engine: Engine, seconds: float) -> None:
+def _last_drawn(page, frame):
+    """(the last train/loss step drawn on the page's live chart, its frame): the frame found again if it was replaced."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    try:
+        return frame.evaluate(LAST_STEP_JS), frame
+    except PlaywrightError:
+        frame = _chart_frame(page)
+        return frame.evaluate(LAST_STEP_JS), frame
+
+
+def viewer_lines(browser, server: Server, engine: Engine, seconds: float, rounds: int) -> None:
+    """One live run; `rounds` rounds, each one window of 1 viewer and one of 3 (their order alternating by
+    round, so a drift of the machine's load or of the run's size weighs on both alike), of seconds / rounds
+    each, in 10-s samples. Every window fails the benchmark unless the run trained throughout it (_viewer)."""
     from benchmarks import _viewer
 
     run_id, proc = _viewer.start_training(engine, str(engine.url))
+    costs = {1: _viewer.ViewerCost(1), 3: _viewer.ViewerCost(3)}
     try:
-        for viewers in (1, 3):
-            srv, chromium = _viewer.viewer_cost(browser, server.url, server.proc.pid, run_id, viewers, seconds,
-                                                ready=lambda page: _chart_frame(page))
-            suffix = "" if viewers == 1 else f"_{viewers}_viewers"
-            emit(f"server_cpu_per_viewer_pct{suffix}", srv)
-            emit(f"browser_cpu_per_viewer_pct{suffix}", chromium)
+        for r in range(rounds):
+            for viewers in ((1, 3) if r % 2 == 0 else (3, 1)):
+                _viewer.viewer_cost(browser, server.url, server.proc.pid, engine, run_id, viewers, seconds / rounds,
+                                    ready=_chart_frame, last_drawn=_last_drawn, into=costs[viewers])
+    except _viewer.NotTraining as e:
+        raise SystemExit(f"bench_app: {e}") from None
     finally:
         _viewer.stop_training(engine, run_id, proc)
+    for viewers, cost in costs.items():
+        suffix = "" if viewers == 1 else f"_{viewers}_viewers"
+        srv, chromium = cost.server_per_viewer(), cost.browser_per_viewer()
+        print(f"# {viewers} viewer(s), per viewer, samples of 10 s over {rounds} round(s): server % "
+              f"{_viewer.spread(srv)}; browser % {_viewer.spread(chromium)}; idle server % "
+              f"{_viewer.spread([s.server_pct for s in cost.idle])}; train/loss steps stored per sample "
+              f"{_viewer.spread([s.steps for s in cost.open])}", flush=True)
+        emit(f"server_cpu_per_viewer_pct{suffix}", statistics.median(srv))
+        emit(f"browser_cpu_per_viewer_pct{suffix}", statistics.median(chromium))
 
 
 def main() -> None:
@@ -281,6 +313,14 @@ def main() -> None:
     ap.add_argument("--only", choices=("runs", "compare", "live"), help="measure one part only")
     args = ap.parse_args()
     n_runs, n_points, samples = (1_000, 10_000, 10) if args.quick else (10_000, 100_000, 20)
+    print(f"# load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start, {os.cpu_count()} cores", flush=True)
+    try:
+        _main(args, n_runs, n_points, samples)
+    finally:
+        print(f"# load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end", flush=True)
+
+
+def _main(args: argparse.Namespace, n_runs: int, n_points: int, samples: int) -> None:
     if args.only in (None, "runs"):
         with tempfile.TemporaryDirectory(prefix="torchdeck-bench-app-") as tmp:
             os.environ["TORCHDECK_HOME"] = tmp
@@ -320,7 +360,7 @@ def main() -> None:
                 if args.only != "compare":
                     emit("live_latency_s_p95", live_latency_p95(page, server, engine, samples))
                     page.close()
-                    viewer_lines(browser, server, engine, 20 if args.quick else 60)
+                    viewer_lines(browser, server, engine, 20 if args.quick else 60, 1 if args.quick else 2)
                 browser.close()
         finally:
             server.stop()

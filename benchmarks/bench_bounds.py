@@ -17,7 +17,7 @@ Cases:
 - giant_mlp_spec: `model.hidden: 8192` on 1024-px images, a 25.8 G-parameter MLP (accepted before);
 - preview_page: the Datasets page previewing a dataset of 24 PNGs of 64 MP (each decoded and resized by
   Streamlit at every page run before, ~20 s); preview_thumbnails_once: making its thumbnails, once;
-- download_stream: a download through the route (app/downloads.py), read through as a server sends it
+- download_stream: a download through the route (app/web/downloads.py), read through as a server sends it
   (the whole file held in memory before).
 """
 
@@ -99,7 +99,7 @@ def spec_cases(repeats: int) -> None:
 
 
 def zip_case(engine, repeats: int) -> None:
-    from app import datasets as ds
+    from app.services import datasets as ds
 
     data = crafted_zip(600_000)
     upload = lambda: ds.store_upload(engine, "many", io.BytesIO(data), len(data), owner="bench")  # noqa: E731
@@ -127,8 +127,8 @@ def preview_cases(engine, repeats: int) -> None:
 
     from streamlit.testing.v1 import AppTest
 
-    from app import dataset_previews
-    from app import datasets as ds
+    from app.services import dataset_previews
+    from app.services import datasets as ds
 
     data = giant_pngs_zip()
     print(f"# preview dataset: 24 PNGs of 64 MP, a zip of {len(data) / 2**20:.1f} MB", flush=True)
@@ -152,7 +152,7 @@ def preview_cases(engine, repeats: int) -> None:
 def download_case(engine, home: Path, megabytes: int, repeats: int) -> None:
     from starlette.requests import Request
 
-    from app import downloads
+    from app.web import downloads
     from db import repo
 
     run = repo.create_run(engine, {}, name="bench")

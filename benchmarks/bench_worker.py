@@ -29,7 +29,7 @@ RUN = {"data": {"name": "synthetic", "num_classes": 3, "num_samples": 300, "size
 
 
 def _stack(home: Path):
-    from app.launcher import ProcessGroup, start_private_redis
+    from app.cli.processes import ProcessGroup, start_private_redis
 
     group = ProcessGroup()
     broker = start_private_redis(home, group)
@@ -48,7 +48,8 @@ def _stack(home: Path):
 def latency(repeats: int) -> tuple[float, float]:
     from sqlalchemy import text
 
-    from app.services import get_engine, submit
+    from app.services.broker import get_engine
+    from app.services.runs import submit
     from core.config import RunSpec
     from db.repo import get_run
 

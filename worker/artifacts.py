@@ -225,7 +225,7 @@ def _dataset_name(path: str, engine: Any) -> str | None:
         try:
             for d in list_datasets(engine):
                 if d.uri == path:
-                    return Path(d.uri).name  # the store key names the upload's folder (app.datasets.store_key)
+                    return Path(d.uri).name  # the store key names the upload's folder (app.services.datasets.store_key)
         except Exception as e:  # noqa: BLE001 - fall back to the folder's name
             log.warning("could not list datasets: %s", e)
     name = Path(path).name

@@ -158,20 +158,19 @@ def start_pulse(pulse) -> None:
     threading.Thread(target=tick, name="pulse", daemon=True).start()
 
 
-def spare_main(conn, pulse=None) -> None:
-    """A fresh process that imports the heavy libraries ahead of time, then waits for one run.
-    The worker keeps one such spare ready, so a new run starts in about a second instead of
-    paying torch's import; each process still serves exactly one run and exits."""
+def spare_main(conn, pulse=None, ready=None) -> None:
+    """A process kept ready for the worker's next run: the heavy libraries imported ahead of time (already
+    there when it was forked from the worker's fork server, imported here when it was spawned: see
+    worker.preload), then it waits for one run. A new run starts at once instead of paying torch's import;
+    each process still serves exactly one run and exits. `ready` (a shared double) gets the monotonic time
+    its imports were done, so the worker can tell whether a run had to wait for them."""
     die_with_parent()
     redact_logs()
     start_pulse(pulse)
-    import core.train  # noqa: F401 - the point: torch, torchvision and core imported before the run arrives
-    import worker.sink  # noqa: F401
+    import worker.preload  # noqa: F401 - the point: torch, torchvision, core and the digits reader imported
 
-    try:  # the digits dataset's reader: about 2 s of import a run would otherwise wait for (the presets use it)
-        import sklearn.datasets  # noqa: F401
-    except ImportError:
-        pass
+    if ready is not None:
+        ready.value = time.monotonic()
 
     try:
         job = conn.recv()

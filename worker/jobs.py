@@ -12,11 +12,11 @@ runs in a fresh subprocess, so a crash or a leak never touches the worker:
   store when this host lacks it, then exports, verifies and registers the files through the database
   sink, as the end of a training run does, into a new folder of the run each time, so an earlier
   export's files are never replaced (worker/export_job.py). Who may ask is checked by the dashboard's
-  service (app/jobs.export_now: the run's owner or an admin) before anything is sent.
+  service (app/services/jobs.export_now: the run's owner or an admin) before anything is sent.
 
 There is no Celery result backend: a job answers through the artifact store, which the app reads too.
 `jobs/<job_id>/started.json` says a worker took the job; `jobs/<job_id>/result.json` (and, for a
-pre-flight, `samples.png` before it) is the answer. The app (app/jobs.py) polls for them and deletes the
+pre-flight, `samples.png` before it) is the answer. The app (app/services/jobs.py) polls for them and deletes the
 folder; each job sweeps away answers older than an hour that nobody read (the app gave up or went away).
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -37,6 +38,13 @@ class WorkerSettings(BaseSettings):
     flush_timeout_s: float = Field(60.0, gt=0, description="How long a checkpoint waits for the run's metrics to be "
                                    "stored; past it they are spilled to disk and the run is marked degraded.")
     sys_metrics_s: float = Field(5.0, gt=0, description="System metrics (CPU, RSS, GPU) sampling period.")
+    run_start: Literal["forkserver", "spawn"] = Field(
+        "forkserver", description="How a run's process starts. forkserver: forked from a server process of the "
+        "worker that imported torch, core and the data readers once (and never touches CUDA), so a process is "
+        "ready in well under a second and a sweep's next trial never waits for an import. spawn: a fresh "
+        "interpreter that imports them itself (4-5 s of CPU per run; the next run's process is still spawned "
+        "while a run trains, but a run shorter than that import leaves its successor waiting). Either way each "
+        "run has a process of its own, which exits when the run ends.")
     visibility_timeout_s: int = Field(
         3600, ge=60, description="Redis redelivers an unacknowledged task after this; a duplicate is refused by the database claim."
     )

@@ -95,33 +95,60 @@ def _device_label() -> str:
     return f"cuda:{visible}" if visible not in (None, "") else "cpu"
 
 
-class Spare:
-    """One fresh spawned process kept ready (libraries imported, no run yet). Spawn, not fork: CUDA
-    never survives a fork, and a fresh process returns all its memory when the run ends. The process
-    ticks a shared pulse from its start (worker.child.start_pulse)."""
+PRELOAD = "worker.preload"  # imported once by the fork server: what every run's process needs (see there)
 
-    def __init__(self) -> None:
+
+def start_context(method: str):
+    """The multiprocessing context a run's process starts from (WorkerSettings.run_start). forkserver: the
+    worker's fork server (started with its first run process) imports PRELOAD once and forks every run process
+    from it; where the platform has none, spawn."""
+    if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([PRELOAD])  # (read when the server starts: later calls change nothing)
+        return ctx
+    return mp.get_context("spawn")
+
+
+class Spare:
+    """One fresh process kept ready (libraries imported, no run yet), forked from the worker's fork server
+    (or spawned: WorkerSettings.run_start). Never a fork of the worker itself, and never of a process that
+    touched CUDA: the fork server only imports (worker.preload), so CUDA is first initialised in the run's own
+    process; a process serves one run and returns all its memory when it ends. The process ticks a shared
+    pulse from its start (worker.child.start_pulse) and sets `ready` once its imports are done."""
+
+    def __init__(self, method: str | None = None) -> None:
+        self.method = method  # None: WorkerSettings().run_start, read at each fill
         self.proc: mp.Process | None = None
         self.conn = None
         self.pulse = None
+        self.ready = None  # a shared double: the monotonic time the process finished its imports (0 until then)
+        self.started = 0.0
 
     def fill(self) -> None:
         if self.proc is not None and self.proc.is_alive():
             return
-        ctx = mp.get_context("spawn")
+        ctx = start_context(self.method or WorkerSettings().run_start)
         parent, child = ctx.Pipe()
         self.pulse = ctx.Value("d", time.monotonic(), lock=False)
-        self.proc = ctx.Process(target=spare_main, args=(child, self.pulse), name="torchdeck-run", daemon=False)
+        self.ready = ctx.Value("d", 0.0, lock=False)
+        self.started = time.monotonic()
+        self.proc = ctx.Process(target=spare_main, args=(child, self.pulse, self.ready), name="torchdeck-run",
+                                daemon=False)
         self.proc.start()
         child.close()
         self.conn = parent
 
     def take(self, job: tuple) -> tuple[mp.Process, object]:
         self.fill()
-        proc, conn, pulse = self.proc, self.conn, self.pulse
-        self.proc = self.conn = self.pulse = None
+        proc, conn, pulse, ready, started = self.proc, self.conn, self.pulse, self.ready, self.started
+        self.proc = self.conn = self.pulse = self.ready = None
         conn.send(job)
         conn.close()
+        now = time.monotonic()
+        if ready.value:
+            log.debug("run %s: handed to a ready process (its imports done %.1f s ago)", job[0], now - ready.value)
+        else:  # the run starts once they are: what a sweep's next trial waits for after a short trial
+            log.info("run %s: handed to a process still importing (started %.1f s ago)", job[0], now - started)
         return proc, pulse
 
     def close(self) -> None:
@@ -134,7 +161,7 @@ class Spare:
             self.proc.join(5)
             if self.proc.is_alive():
                 self.proc.kill()
-        self.proc = self.conn = self.pulse = None
+        self.proc = self.conn = self.pulse = self.ready = None
 
 
 _spare = Spare()
@@ -144,7 +171,7 @@ def supervise(run_id: str, worker_id: str, settings: WorkerSettings | None = Non
     """Hand the run to a fresh process, relay a cancel (stop between steps → SIGTERM → SIGKILL), explain its exit."""
     s = settings or WorkerSettings()
     proc, pulse = _spare.take((run_id, worker_id, engine().url.render_as_string(hide_password=False)))
-    _spare.fill()  # the next run's process imports torch while this one trains: the next run starts at once
+    _spare.fill()  # the next run's process is ready while this one trains: the next run starts at once
     try:
         return _watch(proc, pulse, run_id, worker_id, s)
     finally:

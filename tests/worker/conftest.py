@@ -70,13 +70,14 @@ class RedisServer:
                                       "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # a bound, not a wait: a busy machine (xdist workers) starts it later
+        while self.proc.poll() is None and time.monotonic() < deadline:
             try:
                 redis.Redis(port=self.port).ping()
                 return
             except redis.ConnectionError:
                 time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        raise RuntimeError(f"redis-server on port {self.port} did not start (exit {self.proc.poll()})")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -134,7 +135,7 @@ class Stack:
         self.workers.clear()
 
     def submit(self, *overrides: str, name: str | None = None) -> str:
-        from app.services import submit
+        from app.services.runs import submit
         from core.config import RunSpec
 
         return submit(RunSpec.from_dict(RUN, list(overrides)), name=name, engine=self.engine).id
@@ -152,8 +153,9 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
 
     def run_process(self, worker: subprocess.Popen, timeout: float = 120):
-        """The worker's spawned run process: the process of its current run (the older one: the next run's spare
-        is spawned as a run starts), or its ready spare when it has no run."""
+        """The worker's run process: the process of its current run (the older one: the next run's spare
+        is started as a run starts), or its ready spare when it has no run. Run processes are forked by the
+        worker's fork server (worker.tasks.start_context), or spawned by the worker (TORCHDECK_RUN_START=spawn)."""
         import psutil
 
         def find():
@@ -161,8 +163,13 @@ class Stack:
                 kids = psutil.Process(worker.pid).children()
             except psutil.NoSuchProcess:
                 return None
-            spawned = [k for k in kids if _live_spawned(k)]
-            return min(spawned, key=lambda k: k.create_time()) if spawned else None
+            runs = [k for k in kids if _live(k, "spawn_main")]
+            for server in (k for k in kids if _live(k, "multiprocessing.forkserver")):
+                try:
+                    runs += [g for g in server.children() if _live(g, "")]
+                except psutil.NoSuchProcess:
+                    continue
+            return min(runs, key=lambda k: k.create_time()) if runs else None
 
         return wait_for(find, timeout, f"worker {worker.pid} has no run process\n{self.logs()}")
 
@@ -171,11 +178,17 @@ class Stack:
 
 
 def _live_spawned(proc) -> bool:
-    """A spawned child that is still alive: one that ends (or turns zombie) while being read is not."""
+    """A spawned child that is still alive (a run's other ranks, spawned by its process)."""
+    return _live(proc, "spawn_main")
+
+
+def _live(proc, marker: str) -> bool:
+    """A child that is still alive and whose command line has `marker`: one that ends (or turns zombie) while
+    being read is not."""
     import psutil
 
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(proc.cmdline())
+        return proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return False
 
