@@ -14,11 +14,11 @@ only when the provider says it verified it (`email_verified` true; absent is not
 may match TORCHDECK_ADMINS, the allow-list, and owners stored as e-mails before identities were keyed.
 Members: everyone signed in, unless an allow-list is set (TORCHDECK_ALLOWED_USERS, _DOMAINS, _GROUPS).
 
-Streamlit reads its OIDC settings from the `[auth]` section of a secrets file, so the launcher
-writes one (mode 0600) under the data folder from the environment and passes it with
+Streamlit reads its OIDC settings from the `[auth]` section of a secrets file, so the process starter
+(app/cli/processes.py) writes one (mode 0600) under the data folder from the environment and passes it with
 `--secrets.files`: configuration stays environment-only, as a compose deployment wants.
 
-The rules (`can_modify`, `check_can_modify`) are plain functions used by app/services.py, which
+The rules (`can_modify`, `check_can_modify`) are plain functions used by app/services/, which
 enforces them; the pages only hide what would be refused. The gate every page passes first is
 app/ui/gate.py. Streamlit is imported lazily here, so the CLI and the services import this module
 cheaply.

@@ -20,27 +20,10 @@ from core.redact import redact_logs
 
 redact_logs()  # no password of a URL in the dashboard's log lines
 
-PAGES = ROOT / "app" / "app_pages"
-
 st.set_page_config(page_title="torchdeck", page_icon="🔥", layout="wide")
 user = gate.gate()  # team mode: nobody sees a page (or any data) before signing in
 
-pages = {
-    "Experiments": [
-        st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:", url_path="overview"),
-        st.Page(PAGES / "runs.py", title="Runs", icon=":material/table_rows:", url_path="runs", default=True),
-        st.Page(PAGES / "new_run.py", title="New run", icon=":material/add_circle:", url_path="new"),
-        st.Page(PAGES / "run.py", title="Run", icon=":material/monitoring:", url_path="run"),
-        st.Page(PAGES / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
-        st.Page(PAGES / "sweep.py", title="Sweeps", icon=":material/tune:", url_path="sweep"),
-        st.Page(PAGES / "artifact.py", title="Artifact", icon=":material/download:", url_path="artifact"),
-    ],
-    "Resources": [
-        st.Page(PAGES / "workers.py", title="Workers", icon=":material/memory:", url_path="workers"),
-        st.Page(PAGES / "datasets.py", title="Datasets", icon=":material/folder_zip:", url_path="datasets"),
-    ],
-}
-page = st.navigation(pages)
+page = st.navigation(frame.navigation(ROOT / "app"))  # the pages: app/ui/frame.py's PAGES
 frame.sidebar()
 gate.sidebar(user)
 if frame.schema_ok():

@@ -1,7 +1,7 @@
 """The dashboard as served by `torchdeck ui` / `torchdeck up` (`streamlit run app/server.py`): the pages of
-app/main.py, plus the route the live Run page's charts are fed by (app/live_feed.py) and the artifact downloads' route
-(app/downloads.py), behind the front door
-(app/http_guard.py: local mode answers this machine's names only, no other site may frame the dashboard).
+app/main.py, plus the route the live Run page's charts are fed by (app/live/route.py) and the artifact downloads' route
+(app/web/downloads.py), behind the front door
+(app/web/front_door.py: local mode answers this machine's names only, no other site may frame the dashboard).
 
 `streamlit run app/main.py` serves the pages alone: no live route and no front door (only the pages' gate)."""
 
@@ -18,20 +18,20 @@ if str(ROOT) not in sys.path:  # `streamlit run app/server.py` puts app/, not th
 import streamlit as st  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from app import downloads, http_guard  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
+from app.web import downloads, front_door  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
 
-# app.live_feed.PATH, written out: importing app.live_feed here would import the dashboard's caches too early.
+# app.live.route.PATH, written out: importing app.live.route here would import the dashboard's caches too early.
 LIVE_PATH = "/_torchdeck/live"
 
 
 async def live(request):
-    """app.live_feed.live, imported at the first request: importing the dashboard's modules (and their
+    """app.live.route.live, imported at the first request: importing the dashboard's modules (and their
     caches) before Streamlit's runtime exists would give those caches a storage of their own."""
-    from app import live_feed
+    from app.live import route as live_route
 
-    return await live_feed.live(request)
+    return await live_route.live(request)
 
 
-os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live_feed.served(): the pages may hand out grants
+os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live.route.served(): the pages may hand out grants
 app = st.App(str(ROOT / "app" / "main.py"), routes=[Route(LIVE_PATH, live, methods=["GET"]), *downloads.routes()],
-             middleware=http_guard.middleware())
+             middleware=front_door.middleware())

@@ -1,14 +1,14 @@
 """The rules a new run passes before it is stored that need no dashboard: the ones sweep.control applies to a
 sweep's trials, worker-side too (a worker knows neither the dashboard's folders nor its settings).
 
-Every way a run is created goes through one gate (app/admission.py): the New run form (a clone and "start
+Every way a run is created goes through one gate (app/services/admission.py): the New run form (a clone and "start
 from a run's weights" are the form), `torchdeck submit`, a re-run, "Repeat with k seeds", a sweep's best
 launched again, and a sweep, whose base is admitted there. Its parts:
 
 - bounds: the spec is validated again exactly as it will be stored (`bounded`): a copy made with
   `model_copy` (another seed, a checked path) skips pydantic's validation;
 - files: the fields that name what a run reads or downloads into (FILE_FIELDS) are checked against the
-  allowed folders by the dashboard (app/paths.py). They are never swept, and a sweep's trial must read
+  allowed folders by the dashboard (app/services/paths.py). They are never swept, and a sweep's trial must read
   exactly what its base was admitted to read (`check_trial`), so the controller needs no folder list;
 - quota: the owner's queued runs, counted by the database in the transaction that stores the new ones
   (db.runs.create_runs, db.sweeps.add_trial), with the limit the dashboard set (a sweep stores it).
@@ -25,7 +25,7 @@ from core.overrides import SpecError
 
 # Fields naming a file or a dataset (a folder read, a torchvision root downloaded into, a state_dict loaded).
 # data.name and data.download belong here: together with data.path they decide whether a folder is read as
-# an image folder or written into by a download (app/paths.py accepts an uploaded dataset as the former only).
+# an image folder or written into by a download (app/services/paths.py accepts an uploaded dataset as the former only).
 FILE_FIELDS = ("data.name", "data.path", "data.download", "model.weights_file")
 
 

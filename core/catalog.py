@@ -188,6 +188,16 @@ def datasets_of(*kinds: DatasetKind) -> tuple[str, ...]:
     return tuple(n for n, d in DATASETS.items() if d.kind in kinds)
 
 
+def is_folder(name: str | None) -> bool:
+    """Whether dataset `name` is read from a folder of class sub-folders given by data.path (what an upload is
+    trained as), rather than from its source's own files; False for a name the catalog does not know."""
+    entry = DATASETS.get(name or "")
+    return entry is not None and entry.kind == "folder"
+
+
+FOLDER_DATASET = datasets_of("folder")[0]  # the dataset an uploaded folder is trained as (data.name)
+
+
 # --- per-epoch metrics --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MetricEntry:

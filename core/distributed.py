@@ -1,7 +1,7 @@
 """What one process of a run does differently when the run spans several (DistributedDataParallel).
 
 A run with `resources.gpus = N > 1` has N ranks: rank 0 is the process that called `run_training`
-(it keeps the real sink and control and writes every file), ranks 1..N-1 are started by core.launch.
+(it keeps the real sink and control and writes every file), ranks 1..N-1 are started by core.ranks.
 The loop talks to its place in the run through a `Ranks` object: `SOLO` for a single process, where
 every method hands its input back untouched (so a one-process run computes exactly what it always
 did), or a `Group` joined to a process group, where the same calls reduce sums and counts across

@@ -1,4 +1,5 @@
-"""Process helpers shared by the launcher (app) and the workers: torch-free, importing nothing of ours."""
+"""Process helpers shared by the process starter (app/cli/processes.py) and the workers: torch-free, importing
+nothing of ours."""
 
 from __future__ import annotations
 

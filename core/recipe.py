@@ -2,8 +2,8 @@
 schedule, loaders) and a resume from last.pt. `train_peer` is what a rank other than 0 runs of a run.
 
 Its own module so that the two sides of a run on several processes need not import each other: core.train (rank
-0's whole run) starts the other ranks through core.launch, handing it `train_peer` as their target, and
-core.launch never imports core.train.
+0's whole run) starts the other ranks through core.ranks, handing it `train_peer` as their target, and
+core.ranks never imports core.train.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def resume_from(t: Trainer, path: Path, sink: Sink) -> int:
 
 def train_peer(spec: RunSpec, out: Path, ranks: Group, resume: bool) -> None:
     """What a rank other than 0 runs of `core.train.run_training`: the same trainer on its shard, no pre-flight,
-    no files (core.launch starts it in each of those ranks' processes)."""
+    no files (core.ranks starts it in each of those ranks' processes)."""
     seed_everything(spec.seed, spec.deterministic)
     sink = NullSink()
     t = build_trainer(spec, out, sink, CollectiveControl(ranks), ranks.device, ranks)

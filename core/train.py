@@ -24,10 +24,10 @@ from core.diagnosis import ADVICE
 from core.distributed import SOLO, RankLost
 from core.engine import Diverged, Trainer, fit, prepare
 from core.events import Control, NeverStop, Sink
-from core.launch import Launch, start_ranks
 from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
+from core.ranks import Launch, start_ranks
 # The setup steps live in core/recipe.py; worker/preflight.py, the benchmarks and tests still reach them here.
 from core.recipe import build_trainer, resolve_device, resume_from, seed_everything, train_peer
 
@@ -50,7 +50,7 @@ def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
 
 def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False) -> dict[str, Any]:
     """Train one run to its end. Never raises for a run that merely failed: the summary says why.
-    With resources.gpus > 1 this process is rank 0 of the run's processes (core.launch); a lost one
+    With resources.gpus > 1 this process is rank 0 of the run's processes (core.ranks); a lost one
     raises core.distributed.RankLost instead of a summary (the run is resumed, not failed)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ from db.runs import (
     request_cancel,
     set_notes,
     set_tags,
+    set_tags_and_notes,
     stale_runs,
 )
 from db.sweeps import (
@@ -72,7 +73,7 @@ from db.sweeps import (
     sweep_runs,
     trials,
 )
-from db.units import Unit, UnitPage, list_units
+from db.units import Members, Unit, UnitPage, list_units, members
 from db.series import compare, epoch_anchors, iter_points, series, series_many
 from db.types import (
     AccountRecord,
@@ -111,7 +112,7 @@ __all__ = [
     "AccountRecord", "upsert_account", "accounts",
     "SweepNotFound", "SweepRecord", "TrialRecord", "DecisionRecord", "create_sweep", "get_sweep", "list_sweeps",
     "finish_sweep", "add_trial", "trials", "sweep_runs", "group_runs", "set_group", "epoch_values", "record_decision",
-    "decisions", "new_group_id", "Unit", "UnitPage", "list_units",
-    "set_notes", "check_notes", "check_tags", "readable_name", "FilterError", "parse_filter", "spec_fields",
+    "decisions", "new_group_id", "Unit", "UnitPage", "list_units", "Members", "members",
+    "set_notes", "set_tags_and_notes", "check_notes", "check_tags", "readable_name", "FilterError", "parse_filter", "spec_fields",
     "FollowedRun", "follow", "unfollow", "followed",
 ]

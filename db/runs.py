@@ -139,10 +139,14 @@ def set_tags(engine: Engine, run_id: str, tags: Iterable[str]) -> RunRecord:
     """Replace the run's tags."""
     tag_list = check_tags(tags)
     with session_scope(engine) as session:
-        _require(session, run_id)
-        session.execute(delete(RunTag).where(RunTag.run_id == run_id))
-        session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
+        _write_tags(session, run_id, tag_list)
     return get_run(engine, run_id)
+
+
+def _write_tags(session: Session, run_id: str, tag_list: list[str]) -> None:
+    _require(session, run_id)
+    session.execute(delete(RunTag).where(RunTag.run_id == run_id))
+    session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
 
 
 def check_notes(notes: str | None) -> str | None:
@@ -158,8 +162,22 @@ def set_notes(engine: Engine, run_id: str, notes: str | None) -> RunRecord:
     """Replace the run's notes (plain text; empty clears them)."""
     stored = check_notes(notes)
     with session_scope(engine) as session:
-        if not _update(session, run_id, RUN_STATUSES, notes=stored):
-            raise RunNotFound(run_id)
+        _write_notes(session, run_id, stored)
+    return get_run(engine, run_id)
+
+
+def _write_notes(session: Session, run_id: str, stored: str | None) -> None:
+    if not _update(session, run_id, RUN_STATUSES, notes=stored):
+        raise RunNotFound(run_id)
+
+
+def set_tags_and_notes(engine: Engine, run_id: str, tags: Iterable[str], notes: str | None) -> RunRecord:
+    """Replace the run's tags and its notes together: both checked before either is written, and written in one
+    transaction (a refused or failed edit changes neither). ValueError for a bad tag or notes, RunNotFound."""
+    tag_list, stored = check_tags(tags), check_notes(notes)
+    with session_scope(engine) as session:
+        _write_tags(session, run_id, tag_list)
+        _write_notes(session, run_id, stored)
     return get_run(engine, run_id)
 
 

@@ -8,15 +8,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, distinct, func, literal, select
+from sqlalchemy import Engine, and_, case, distinct, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
 from db.engine import connection_scope
 from db.listing import MAX_PAGE, METRIC_SORT_PREFIX, SORT_COLUMNS, conditions as run_conditions
-from db.models import MetricRollup, Run
+from db.models import MetricRollup, Run, Sweep
 from db.rollup import WHOLE_SERIES_LEVEL
 from db.runs import load_runs
-from db.types import RunRecord
+from db.sweeps import _sweep as sweep_record
+from db.types import RunRecord, SweepRecord
 
 SWEEP, GROUP, RUN = "sweep", "seed group", "run"
 _PREFIX = {"s": SWEEP, "g": GROUP, "r": RUN}
@@ -82,6 +83,37 @@ def list_units(engine: Engine, *, status: Sequence[str] = (), tag: Sequence[str]
         rows = conn.execute(page).all()
     units = tuple(Unit(_PREFIX[row.unit[0]], row.unit[2:], int(row.n)) for row in rows)
     return UnitPage(units=units, total=int(total), runs=int(runs), limit=limit, offset=offset)
+
+
+@dataclass(frozen=True)
+class Members:
+    """The runs behind a page of rows, and the rows' sweeps."""
+
+    runs: dict[Unit, list[RunRecord]]  # a sweep's runs by trial, a seed group's oldest first, or the run itself
+    sweeps: dict[str, SweepRecord]  # by id
+
+
+def members(engine: Engine, units: Sequence[Unit]) -> Members:
+    """Each row's runs, all of them (not only those matching the filters): a sweep's by trial then creation, a seed
+    group's oldest first, a run's itself; a row whose sweep or runs are gone is left out. A few queries for the
+    whole page (the rows' run ids, the runs, the sweeps), however many rows it has."""
+    ids = {kind: list(dict.fromkeys(u.id for u in units if u.kind == kind)) for kind in (SWEEP, GROUP, RUN)}
+    whose = or_(Run.sweep_id.in_(ids[SWEEP]), Run.group_id.in_(ids[GROUP]), Run.id.in_(ids[RUN]))
+    with connection_scope(engine) as conn:
+        rows = conn.execute(select(Run.id, Run.sweep_id, Run.group_id, Run.trial, Run.created_at).where(whose)).all()
+        found = load_runs(conn, [row.id for row in rows])
+        sweeps = {row.id: sweep_record(row) for row in
+                  conn.execute(select(Sweep.__table__).where(Sweep.id.in_(ids[SWEEP])))} if ids[SWEEP] else {}
+    by_unit: dict[tuple[str, str], list] = {}
+    for row in sorted(rows, key=lambda row: (row.trial is not None, row.trial or 0, row.created_at, row.id)):
+        for kind, key in ((SWEEP, row.sweep_id), (GROUP, row.group_id), (RUN, row.id)):
+            by_unit.setdefault((kind, key), []).append(row.id)
+    out = {}
+    for u in units:
+        runs = [found[i] for i in by_unit.get((u.kind, u.id), ()) if i in found]
+        if runs and (u.kind != SWEEP or u.id in sweeps):
+            out[u] = runs
+    return Members(out, sweeps)
 
 
 def load(engine: Engine, run_ids: Iterable[str]) -> dict[str, RunRecord]:

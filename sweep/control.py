@@ -7,7 +7,7 @@ worker that died between a run's end and the advance delays the sweep by a reape
 It is safe to call from many processes at once: a trial number is taken once, with its runs, in one
 transaction, and only while its owner's queued runs stay within the limit stored with the sweep (else the
 trial waits for a later advance). Each trial reads what its base was admitted to read (core.admission): the
-dashboard's gate (app/admission.py) admitted the base, and stores the runs of `best_specs` and
+dashboard's gate (app/services/admission.py) admitted the base, and stores the runs of `best_specs` and
 `repeat_specs`. Sending a run is the caller's (`send(run)`): the dashboard and the workers each have their
 own way to reach the queue, and this package reaches none.
 """
@@ -51,7 +51,7 @@ def create(engine: Engine, spec: SweepSpec, *, owner: str, send: Send, name: str
            tags: Sequence[str] = (), max_queued: int | None = None) -> SweepRecord:
     """Store the sweep and queue its first trials (up to `parallel`, while the owner's queued runs stay within
     `max_queued`, stored with the sweep for every later advance). Its base must have passed the dashboard's
-    gate (app.admission): each trial is checked against it (core.admission.check_trial)."""
+    gate (app.services.admission): each trial is checked against it (core.admission.check_trial)."""
     label = name or spec.name or f"{spec.base.data.name}-{spec.base.model.name}-{spec.method}"
     all_tags = check_tags([*spec.tags, *tags])  # each tag checked before anything is stored
     stored = spec.model_copy(update={"name": label, "tags": all_tags}).model_dump(mode="json", by_alias=True)
@@ -195,7 +195,7 @@ def best(state: study.SweepState) -> Best | None:
 
 def best_specs(engine: Engine, sweep: SweepRecord, seeds: int = 1) -> tuple[list[RunSpec], str]:
     """The best configuration's spec once per seed (a run, or a seed group), and its trial's first run (their
-    parent). Storing them is the caller's, through the dashboard's gate (app.sweeps.launch_best)."""
+    parent). Storing them is the caller's, through the dashboard's gate (app.services.sweeps.launch_best)."""
     state = load_state(engine, sweep)
     top = best(state)
     if top is None:
@@ -208,7 +208,7 @@ def best_specs(engine: Engine, sweep: SweepRecord, seeds: int = 1) -> tuple[list
 def repeat_specs(engine: Engine, run: RunRecord, k: int) -> tuple[list[RunSpec], str]:
     """`run`'s spec with k − 1 more seeds (seed + 1, ..., none its seed group has yet), and the group they
     form with it (the run's, or a new one the caller puts the run in once they are stored). Storing them is
-    the caller's, through the dashboard's gate (app.sweeps.repeat_with_seeds)."""
+    the caller's, through the dashboard's gate (app.services.sweeps.repeat_with_seeds)."""
     if not 2 <= k <= 20:
         raise ValueError(f"repeat with 2 to 20 seeds, not {k}")
     base = RunSpec.model_validate(run.spec)

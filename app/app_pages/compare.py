@@ -6,17 +6,15 @@ in place (zoom and legend survive); the Curves CSV holds every stored point, bui
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import streamlit as st
 
+from app.live.chart import live_charts
+from app.present import text as f
+from app.present.figures import COMPARE_X_MODES, X_LABELS
 from app.ui import compare_groups as cg
 from app.ui import compare_view as cv
-from app import fmt as f
 from app.ui import frame, queries
 from core.names import SYSTEM_PREFIX
-from app.charts import COMPARE_X_MODES, X_LABELS
-from app.ui.live_chart import live_charts
 
 K = frame.page_state("cmp")
 DEFAULT_KEYS = ("train/loss", "val/loss", "val/acc")
@@ -75,15 +73,8 @@ def choose_grouping(runs) -> list[cg.Group] | None:
     return cg.groups_of(runs, by, names)
 
 
-@dataclass(frozen=True)
-class CurveChoice:
-    keys: tuple[str, ...]
-    xmode: str
-    smoothing: float
-    log_y: bool
-
-
-def curve_controls(ids: list[str]) -> CurveChoice:
+def curve_controls(ids: list[str]) -> tuple[tuple[str, ...], dict]:
+    """The metrics to overlay, and how to draw them: the figure builders' xmode, smoothing and log_y."""
     available = queries.union_keys(ids)
     default = [k for k in DEFAULT_KEYS if k in available] or available[:2]
     a, b, c, d = st.columns([4, 2.6, 1.5, 1])
@@ -93,12 +84,12 @@ def curve_controls(ids: list[str]) -> CurveChoice:
                                      "(UTC).") or "step"
     smoothing = c.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key=K("smooth"))
     log_y = d.toggle("Log scale", key=K("log_y"), help="A logarithmic y-axis (points at or below zero are not drawn).")
-    return CurveChoice(tuple(keys), xmode, smoothing, log_y)
+    return tuple(keys), {"xmode": xmode, "smoothing": smoothing, "log_y": log_y}
 
 
 def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
-    choice = curve_controls(ids)
-    if not choice.keys:
+    keys, look = curve_controls(ids)
+    if not keys:
         st.caption("Choose metrics to overlay.")
         return
     if groups is not None:
@@ -106,28 +97,27 @@ def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
     if any(not r.finished for r in runs):
         # While a run is active only the charts refresh, in place (zoom and legend survive), without fading.
         st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
-        st.fragment(curve_charts, run_every=queries.REFRESH_S)(runs, groups, choice, True)
+        st.fragment(curve_charts, run_every=queries.REFRESH_S)(runs, groups, keys, look, True)
     else:
-        curve_charts(runs, groups, choice, False)
+        curve_charts(runs, groups, keys, look, False)
     labels = None if groups is None else cg.labels_by_run(groups)
-    st.download_button("Curves as CSV", cv.csv_builder(runs, choice.keys, labels), file_name="compare-curves.csv",
+    st.download_button("Curves as CSV", cv.csv_builder(runs, keys, labels), file_name="compare-curves.csv",
                        mime="text/csv", icon=":material/download:", key=K("curves_csv"), on_click="ignore",
                        help="Every stored point of the chosen metrics (not the charts' downsampled lines), "
                             "built when clicked.")
 
 
-def curve_charts(runs, groups: list[cg.Group] | None, choice: CurveChoice, live: bool) -> None:
+def curve_charts(runs, groups: list[cg.Group] | None, keys: tuple[str, ...], look: dict, live: bool) -> None:
     """The curves; `live` (a fragment rerun every REFRESH_S): the runs and their series read afresh, drawn by the
     live-chart component, and the whole page once more when the last active run has finished."""
     if live:
         runs = cv.fresh_runs([r.id for r in runs])
         groups = None if groups is None else cg.refreshed(groups, runs)
-    series = cv.load_series(runs, choice.keys, points_per_run(len(runs)))
-    keys, xmode, smoothing, log_y = choice.keys, choice.xmode, choice.smoothing, choice.log_y
+    series = cv.load_series(runs, keys, points_per_run(len(runs)))
     if groups is None:
-        figs = cv.curve_figures(runs, series, keys, xmode, smoothing, log_y)
+        figs = cv.curve_figures(runs, series, keys, **look)
     else:
-        figs = cg.band_figures(groups, series, keys, xmode, smoothing, log_y)
+        figs = cg.band_figures(groups, series, keys, **look)
     if not figs:
         st.caption("No points yet for these metrics.")
     elif live:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import auth, charts, services
-from app import builtin_datasets as builtin
-from app import datasets as ds
-from app import fmt as f
+from app import auth
+from app.present import builtin_datasets as builtin
+from app.present import figures as charts
+from app.present import text as f
+from app.services import datasets as ds
+from app.services.owners import owner_labels
 from app.ui import frame, queries
 
 K = frame.page_state("ds")
@@ -78,7 +80,7 @@ def train_link(dataset: str) -> None:
 
 
 def thumbnails(record) -> None:
-    """The dataset's preview thumbnails (small files made once at upload, app/dataset_previews.py), never its
+    """The dataset's preview thumbnails (small files made once at upload, app/services/dataset_previews.py), never its
     images: decoding a few 64-megapixel photos at every page run took seconds."""
     if ds.previews_made(record.uri):
         made = ds.previews(record.uri)
@@ -152,7 +154,7 @@ def builtin_section() -> None:
         st.plotly_chart(charts.bar_figure("Images per class with the defaults", list(counts), list(counts.values()),
                                           y_title="images", uirevision="ds:synthetic", height=260),
                         key=K("counts.synthetic"))
-    elif name in builtin.TORCHVISION:
+    elif builtin.is_torchvision(name):
         st.markdown(builtin.torchvision_description(name))
     st.code(f"data:\n  name: {name}", language="yaml")
     train_link(name)
@@ -166,7 +168,7 @@ def main() -> None:
     if not records:
         st.caption("No uploaded datasets yet.")
     else:
-        owners = services.owner_labels((d.owner for d in records), engine=queries.engine())
+        owners = owner_labels((d.owner for d in records), engine=queries.engine())
         df = pd.DataFrame([{"name": d.name, "status": d.status, "classes": len(d.classes),
                             "images": sum(d.counts.values()), "owner": owners.get(d.owner, ""), "created": d.created_at,
                             "folder": d.uri,

@@ -2,10 +2,10 @@
 sweep of it (app/ui/new_sweep.py: a sweep box beside numeric and choice fields, the Sweep section, sweep YAML).
 `?dataset=<name>` opens it with that dataset chosen (built-in or uploaded). A finished run's best checkpoint can be
 the weights to start from (the new run is linked to it); before Launch, a line says which worker takes the run and,
-from similar finished runs, its memory and time (app/launch_hints.py).
+from similar finished runs, its memory and time (app/present/new_run_hints.py).
 
 The choices that decide which fields matter (dataset, model, transfer mode, optimizer, schedule, clipping;
-app/form_rules.py) come first, outside the st.form, so that changing one reshapes the form at once; the form
+app/present/form_rules.py) come first, outside the st.form, so that changing one reshapes the form at once; the form
 then shows, per section, the fields that matter, the rarely changed ones under "Advanced"."""
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import auth, form_rules, launch_hints, services
-from app import fmt as f
-from app import jobs
-from app.schema import errors_by_field, flatten, validate
+from app import auth
+from app.present import form_rules
+from app.present import new_run_hints as launch_hints
+from app.present import text as f
+from app.present.form_schema import errors_by_field, flatten, validate
+from app.services import jobs
+from app.services.artifacts import artifact_root
+from app.services.broker import run_queue
+from app.services.runs import submit
 from app.ui import frame, new_sweep, preflight_view, queries, run_view, spec_form
+from core import catalog
 from core.config import RunSpec, SpecError
 from core.names import PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_S, PREFLIGHT_OVERFIT_STEPS
 
@@ -92,7 +98,7 @@ def dataset_from_query() -> None:
     if not name:
         return
     del st.query_params["dataset"]
-    if name in spec_form.by_path("data.name").options and name != "imagefolder":
+    if name in spec_form.by_path("data.name").options and not catalog.is_folder(name):  # built in: chosen as is
         st.session_state[spec_form.key("data.name")] = name
         st.session_state[K("dataset")] = NO_DATASET
     elif any(d.name == name and d.status == "ready" for d in queries.datasets()):
@@ -121,7 +127,7 @@ def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
 
 
 def weights_picker() -> None:
-    root = services.artifact_root()
+    root = artifact_root()
     sources = {s.run.id: s for s in launch_hints.weight_sources(queries.engine(), root)}
     st.selectbox("Start from a run's weights", list(sources), key=K("weights_from"), index=None,
                  placeholder="a finished run…", format_func=lambda i: sources[i].label() if i in sources else i,
@@ -141,8 +147,8 @@ def dataset_picker() -> None:
     ready = [d for d in queries.datasets() if d.status == "ready"]
     options = [NO_DATASET] + [d.name for d in ready]
     st.selectbox("Uploaded dataset", options, key=K("dataset"),
-                 help="An ImageFolder dataset uploaded on the Datasets page: sets data.name=imagefolder and "
-                      "data.path to its stored folder.")
+                 help="An ImageFolder dataset uploaded on the Datasets page: sets data.name="
+                      f"{catalog.FOLDER_DATASET} and data.path to its stored folder.")
 
 
 def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
@@ -151,7 +157,7 @@ def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
     if chosen != NO_DATASET:
         stored = next((d for d in queries.datasets() if d.name == chosen), None)
         if stored is not None:
-            values["data"]["name"], values["data"]["path"] = "imagefolder", stored.uri
+            values["data"]["name"], values["data"]["path"] = catalog.FOLDER_DATASET, stored.uri
     spec, errors = validate(values)
     by_field, general = errors_by_field(errors)
     for path, msg in bad.items():
@@ -167,10 +173,10 @@ def owner_and_tags() -> tuple[str, list[str]]:
 
 
 def launch(spec: RunSpec, slots: dict) -> None:
-    """Submit through the gate of every new run (app.admission); a refused field is also said beside it."""
+    """Submit through the gate of every new run (app.services.admission); a refused field is also said beside it."""
     owner, tags = owner_and_tags()
     try:
-        r = services.submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
+        r = submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
                             engine=queries.engine())
     except (RuntimeError, ValueError) as e:
         if isinstance(e, SpecError):  # a path the run may not read, a field out of bounds
@@ -202,14 +208,14 @@ def preflight_panel() -> None:
 
 def relevance() -> tuple[Callable[[str], bool], dict]:
     """Whether each field matters for the choices now in the form (a swept choice: for any value it tries;
-    an uploaded dataset: imagefolder, its path given), and those values ({dotted field: value})."""
+    an uploaded dataset: the catalog's folder dataset, its path given), and those values ({dotted field: value})."""
     values = flatten(spec_form.read()[0])
     swept = {x.path for x in new_sweep.swept()}
     tries = {p: list(st.session_state.get(new_sweep.part_key(p, "values")) or []) for p in swept
              if p in form_rules.CHOOSERS}
     uploaded = st.session_state.get(K("dataset"), NO_DATASET) != NO_DATASET
     if uploaded:
-        values["data.name"] = "imagefolder"
+        values["data.name"] = catalog.FOLDER_DATASET
 
     def shown(path: str) -> bool:
         if uploaded and path == "data.path":
@@ -323,10 +329,10 @@ def main() -> None:
         elif preflight_clicked:
             show_preflight(spec)
         elif validate_clicked:
-            st.success(f"Valid spec: queue '{services.run_queue(spec)}', hash {spec.spec_hash()[:12]}",
+            st.success(f"Valid spec: queue '{run_queue(spec)}', hash {spec.spec_hash()[:12]}",
                        icon=":material/check_circle:")
         if spec is not None and not launch_clicked and not sweep.launch:
-            run_view.waiting_for(services.run_queue(spec))
+            run_view.waiting_for(run_queue(spec))
     owner, tags = owner_and_tags()
     new_sweep.after_form(spec, sweep, slots, owner=owner, tags=tags)
     preflight_panel()

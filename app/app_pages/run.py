@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import auth, live_feed, services
-from app import fmt as f
-from app.charts import X_MODES
-from app.ui import frame, live_series, queries, run_charts, run_processes, run_view
-from app.ui.live_chart import live_charts
-from db import repo
+from app import auth
+from app.live import route as live_feed
+from app.live import series as live_series
+from app.live.chart import live_charts
+from app.present import text as f
+from app.present.figures import X_MODES
+from app.services.owners import owner_label
+from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollow
+from app.ui import frame, queries, run_charts, run_processes, run_view
+from db.errors import RunNotFound
 from db.types import NOTES_LEN
 
 K = frame.page_state("run")
@@ -36,7 +40,7 @@ def pick_run() -> None:
 
 def header(r) -> None:
     st.title(f.md_text(r.name))  # a name, an owner, a tag: shown as their text, never as Markdown
-    bits = [f"id {f.code_span(r.id)}", f"owner {f.md_text(services.owner_label(r.owner, queries.engine()))}",
+    bits = [f"id {f.code_span(r.id)}", f"owner {f.md_text(owner_label(r.owner, queries.engine()))}",
             f"created {r.created_at:%Y-%m-%d %H:%M}"]
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
@@ -52,11 +56,11 @@ def buttons(r) -> None:
     wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
               + ["compare", "seeds", "follow"] + (["organise"] if mine else []))
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[:len(wanted)], strict=True))
-    why = None if mine else f"only {f.md_text(services.owner_label(r.owner, queries.engine()))} or an admin may cancel it"
+    why = None if mine else f"only {f.md_text(owner_label(r.owner, queries.engine()))} or an admin may cancel it"
     if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
                                                   disabled=not mine, help=why):
         try:
-            services.cancel(r.id, engine=queries.engine(), by=user)
+            cancel(r.id, engine=queries.engine(), by=user)
         except auth.PermissionDenied as e:
             st.error(f.md_text(e), icon=":material/lock:")
         else:
@@ -66,7 +70,7 @@ def buttons(r) -> None:
         st.switch_page(frame.NEW, query_params={"clone": r.id})
     if "rerun" in cols and cols["rerun"].button("Re-run", icon=":material/replay:", key=K("rerun")):
         try:
-            new = services.rerun(r.id, owner=user.id, engine=queries.engine())
+            new = rerun(r.id, owner=user.id, engine=queries.engine())
         except (RuntimeError, ValueError) as e:
             st.error(f.md_text(e, multiline=True))
         else:
@@ -89,11 +93,8 @@ def follow_button(r, user: auth.User, container) -> None:
                             "Be told, on any page, when this run completes, fails or diverges"):
         return
     try:
-        if following:
-            repo.unfollow(queries.engine(), user.id, r.id)
-        else:
-            repo.follow(queries.engine(), user.id, r.id)
-    except repo.RunNotFound:
+        (unfollow if following else follow)(r.id, queries.engine(), by=user)
+    except RunNotFound:
         st.error("This run was deleted.", icon=":material/error:")
         return
     frame.note_followed(r.id, None if following else r.status)  # the notices start from the status shown
@@ -114,11 +115,10 @@ def organise(r, user: auth.User, container) -> str | None:
     if not saved:
         return None
     tag_list = [t.strip() for t in tags.split(",") if t.strip()]
-    try:  # both checked before either is written: a refused edit changes nothing
-        repo.check_tags(tag_list)
-        repo.check_notes(notes)
-        services.set_tags(r.id, tag_list, engine=queries.engine(), by=user)
-        services.set_notes(r.id, notes, engine=queries.engine(), by=user)
+    try:  # checked and written together: a refused or failed save changes nothing
+        set_tags_and_notes(r.id, tag_list, notes, engine=queries.engine(), by=user)
+    except RunNotFound:
+        return "Tags and notes not saved: this run was deleted"
     except (auth.PermissionDenied, ValueError) as e:
         return f"Tags and notes not saved: {e}"
     queries.clear()
@@ -170,7 +170,7 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
 
 
 def _feed(run_id: str, xmode: str, smoothing: float) -> dict[str, str] | None:
-    """The live route's path and a grant for these charts (app/live_feed.py): one grant per session and
+    """The live route's path and a grant for these charts (app/live/route.py): one grant per session and
     settings, made again when it expired; None when none can be made (the page then refreshes the charts)."""
     key = K(f"feed.{run_id}.{xmode}.{smoothing}")
     token = st.session_state.get(key)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import auth, services
-from app import fmt as f
+from app import auth
+from app.present import text as f
+from app.services import runs as run_service
+from app.services.owners import owner_labels
 from app.ui import frame, queries, run_units
 from db import repo
 from db.types import RUN_STATUSES, RunRecord
@@ -30,7 +32,7 @@ def filters() -> tuple[dict, bool]:
     """The list's filters (those of queries.runs_page) and whether rows are grouped. Each lives in the URL too
     (`?status=`, `?tag=`, `?owner=`, `?search=`, `?sweep=`, `?q=`): a link opens the same view."""
     owners, tags = queries.owners_and_tags()
-    labels = services.owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
+    labels = owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
     from_url("status", K("status"), lambda raw: [s for s in (raw or "").split(",") if s in RUN_STATUSES])
     from_url("tag", K("tag"), lambda raw: raw if raw in tags else None)
     from_url("owner", K("owner"), lambda raw: raw if raw in owners else None)
@@ -126,7 +128,7 @@ def sweep_filter(col) -> str | None:
 
 
 def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
-    owners = services.owner_labels((r.owner for r in runs), engine=queries.engine())
+    owners = owner_labels((r.owner for r in runs), engine=queries.engine())
     return pd.DataFrame([{
         "name": r.name, "status": f.status_label(r.status), "progress": r.progress or 0.0, "best": f.best_text(r),
         "owner": owners.get(r.owner, r.owner), "worker": r.worker_id or "", "duration": f.seconds(f.duration_s(r)),
@@ -165,31 +167,14 @@ GROUP_COLUMNS = {
 }
 
 
-def members_of(units) -> dict:
-    """Each row's runs: a sweep's, a seed group's (all of them, not only those matching), or the run."""
-    singles = queries.runs_by_id([u.id for u in units if u.kind == run_units.RUN])
-    out = {}
-    for u in units:
-        if u.kind == run_units.RUN:
-            runs = [singles[u.id]] if u.id in singles else []
-        elif u.kind == run_units.GROUP:
-            runs = queries.group_runs(u.id)
-        else:
-            runs = queries.sweep_runs(u.id) if queries.sweep(u.id) is not None else []
-        if runs:
-            out[u] = runs
-    return out
-
-
-def grouped_rows(units, members: dict) -> pd.DataFrame:
-    sweeps = {u.id: queries.sweep(u.id) for u in units if u.kind == run_units.SWEEP}
-    owners = {r.owner for runs in members.values() for r in runs} | {s.owner for s in sweeps.values() if s}
-    labels = services.owner_labels(owners, engine=queries.engine())
+def grouped_rows(members: run_units.Members) -> pd.DataFrame:
+    sweeps = members.sweeps
+    owners = {r.owner for runs in members.runs.values() for r in runs} | {s.owner for s in sweeps.values()}
+    labels = owner_labels(owners, engine=queries.engine())
     rows = []
-    for u in units:
-        runs = members[u]
+    for u, runs in members.runs.items():
         if u.kind == run_units.SWEEP:
-            sweep = sweeps[u.id]  # members_of left out a sweep that is gone
+            sweep = sweeps[u.id]  # unit_members left out a sweep that is gone
             rows.append(run_units.sweep_row(sweep, runs, u.runs, labels.get(sweep.owner, sweep.owner)))
         elif u.kind == run_units.GROUP:
             rows.append(run_units.group_row(u.id, runs, u.runs, labels.get(runs[0].owner, runs[0].owner)))
@@ -201,18 +186,18 @@ def grouped_rows(units, members: dict) -> pd.DataFrame:
 def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     """One row per sweep, seed group and other run; the selected rows' runs are listed below and selected."""
     page = queries.units_page(**query, limit=limit, offset=offset)
-    members = members_of(page.units)
-    units = list(members)
+    members = queries.unit_members(page.units)  # each row's runs: a sweep's, a seed group's (all of them), the run
+    units = list(members.runs)
     st.caption(f"{page.runs:,} run(s) match in {page.total:,} row(s) · showing {offset + 1 if units else 0:,}–"
                f"{offset + len(page.units):,}")
-    df = grouped_rows(units, members)
+    df = grouped_rows(members)
     state = st.dataframe(df, hide_index=True, column_config=GROUP_COLUMNS, on_select="rerun", width="stretch",
                          selection_mode="multi-row", key=K("gtable"), height=min(38 + 35 * max(len(df), 1), 740))
     picked = [units[i] for i in (state.selection.rows if state is not None else []) if i < len(units)]
     for u in picked:
         if u.kind != run_units.RUN:
-            expand(u, members[u], df.iloc[units.index(u)])
-    return [r for u in picked for r in members[u]]
+            expand(u, members.runs[u], df.iloc[units.index(u)])
+    return [r for u in picked for r in members.runs[u]]
 
 
 def expand(u, runs: list[RunRecord], row) -> None:
@@ -240,7 +225,7 @@ def action_bar(selected: list[RunRecord]) -> None:
         done = 0
         for r in active:
             try:
-                services.cancel(r.id, engine=queries.engine(), by=user)
+                run_service.cancel(r.id, engine=queries.engine(), by=user)
                 done += 1
             except auth.PermissionDenied as e:  # an admin list changed since the page was drawn
                 flash(f.md_text(e), "error")
@@ -261,7 +246,7 @@ def action_bar(selected: list[RunRecord]) -> None:
 
 def rerun(selected: list[RunRecord]) -> None:
     try:
-        new = [services.rerun(r.id, owner=auth.current_user().id, engine=queries.engine()) for r in selected]
+        new = [run_service.rerun(r.id, owner=auth.current_user().id, engine=queries.engine()) for r in selected]
     except (RuntimeError, ValueError) as e:
         flash(f.md_text(e, multiline=True), "error")
     else:
@@ -281,7 +266,7 @@ def confirm_delete() -> None:
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
             user = auth.current_user()
-            refused = [msg for run_id in ids if (msg := services.refused_removal(run_id, by=user, engine=queries.engine()))]
+            refused = [msg for run_id in ids if (msg := run_service.refused_removal(run_id, by=user, engine=queries.engine()))]
             st.session_state.pop(K("confirm"))
             queries.clear()
             flash(f"deleted {len(ids) - len(refused)} run(s)")
@@ -310,8 +295,8 @@ def main() -> None:
     page_no = st.pagination(pages, key=K("page")) if pages > 1 else 1
     offset = (min(page_no, pages) - 1) * limit
     if grouped:
-        shown = [r for runs in members_of(queries.units_page(**unit_query, limit=limit, offset=offset).units).values()
-                 for r in runs]
+        units = queries.units_page(**unit_query, limit=limit, offset=offset).units
+        shown = [r for runs in queries.unit_members(units).runs.values() for r in runs]
     else:
         shown = list(queries.runs_page(**query, limit=limit, offset=offset).runs)
     live = any(not r.finished for r in shown)

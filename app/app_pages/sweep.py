@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import auth, services, sweeps
-from app import fmt as f
-from app.groups import mean_std_text
+from app import auth
+from app.present import text as f
+from app.present.seed_groups import mean_std_text
+from app.services import sweeps
+from app.services.owners import owner_label
 from app.ui import frame, queries
 from app.ui import sweep_view as sv
 
@@ -38,7 +40,7 @@ def header(v: sweeps.SweepView) -> None:
     s, spec = v.sweep, v.spec
     st.title(f.md_text(s.name))  # a user's name: its text, never Markdown
     st.caption(" · ".join([f"id {f.code_span(s.id)}",
-                           f"owner {f.md_text(services.owner_label(s.owner, queries.engine()))}",
+                           f"owner {f.md_text(owner_label(s.owner, queries.engine()))}",
                            f"created {s.created_at:%Y-%m-%d %H:%M}"]))
     st.caption(" · ".join([f"method {f.code_span(spec.method)}",
                            f"objective {f.code_span(spec.metric)} ({spec.mode})",
@@ -181,7 +183,7 @@ def main() -> None:
     v = sv.view(sweep_id)
     if v is None:
         st.error(f"No sweep {f.md_text(repr(sweep_id))}: it may have been deleted.", icon=":material/error:")
-        st.page_link(sv.SWEEP_PAGE, label="All sweeps", icon=":material/tune:")
+        st.page_link(frame.SWEEP, label="All sweeps", icon=":material/tune:")
         return
     running = not v.sweep.finished
     if running:  # a refreshed fragment fades while it reruns; nothing in it is out of date meanwhile

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import fmt as f
-from app import services
+from app.present import text as f
+from app.services.broker import is_alive
+from app.services.owners import owner_labels
 from app.ui import frame, queries
-from core.names import gpus_offered, queue_gpus, queue_of
+from core.names import gpus_offered, is_run_queue, queue_gpus, queue_of
 from db.types import RunRecord, WorkerRecord
 
 K = frame.page_state("workers")
-STALE_S = 30.0  # a worker heartbeats every few seconds; this much silence means it is gone
 
 
 def devices_text(w: WorkerRecord) -> str:
@@ -30,8 +30,15 @@ def devices_text(w: WorkerRecord) -> str:
 
 def takes_text(w: WorkerRecord) -> str:
     """What runs the worker takes, from its queues: a multi-GPU worker's GPU count and the run sizes it serves
-    ("4 GPUs (runs of 2–4)"), so a run of N GPUs that waits can be matched against it at a glance."""
+    ("4 GPUs (runs of 2–4)"), so a run of N GPUs that waits can be matched against it at a glance. A worker that
+    sees no GPU (`make up` on a laptop consumes gpu and cpu) runs whatever it takes on its CPU: CPU runs."""
     needs = sorted({n for q in w.queues if (n := queue_gpus(q))})  # GPU counts of its run queues
+    if w.devices and not any(d.get("kind") == "gpu" for d in w.devices) and any(map(is_run_queue, w.queues)):
+        gpu_queues = [q for q in w.queues if queue_gpus(q)]
+        if not gpu_queues:
+            return "CPU runs"
+        whose = f"the {gpu_queues[0]} queue's" if len(gpu_queues) == 1 else f"the {', '.join(gpu_queues)} queues'"
+        return f"CPU runs ({whose} too, on its CPU)"
     most = gpus_offered(w.queues)
     parts = []
     if most >= 2:
@@ -45,9 +52,10 @@ def takes_text(w: WorkerRecord) -> str:
 
 def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
     rows = []
+    now = f.now()
     for w in workers:
         age = f.age_s(w.heartbeat_at)
-        rows.append({"state": "alive" if age is not None and age < STALE_S else "silent", "worker": w.id,
+        rows.append({"state": "alive" if is_alive(w, now) else "silent", "worker": w.id,  # doctor's rule
                      "host": w.hostname, "takes": takes_text(w), "queues": ", ".join(w.queues), "devices": devices_text(w),
                      "heartbeat age": f.seconds(age), "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
                      "up since": w.started_at})
@@ -57,7 +65,7 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
 def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
     """Position in its own queue (cpu, gpu, or gpu-xN for a run of N GPUs): the order a worker of it takes them."""
     seen: dict[str, int] = {}
-    owners = services.owner_labels((r.owner for r in queued), engine=queries.engine())
+    owners = owner_labels((r.owner for r in queued), engine=queries.engine())
     rows = []
     for r in queued:
         queue = queue_of(r.spec)
@@ -74,7 +82,7 @@ def live() -> None:
         st.info("No worker has registered yet. Start one with `torchdeck worker` (or `make up`, which starts one).",
                 icon=":material/info:")
     else:
-        st.dataframe(workers_frame(workers), hide_index=True, width="stretch", column_config={
+        st.dataframe(workers_frame(workers), hide_index=True, width="stretch", placeholder=f.EMPTY, column_config={
             "current run": st.column_config.LinkColumn("current run", display_text=r"run\?id=(.*)"),
             "up since": st.column_config.DatetimeColumn("up since", format="YYYY-MM-DD HH:mm")})
     st.subheader("Queue")

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app import charts
-from app import fmt as f
-from app.groups import add_band, band, mean_std, mean_std_text
-from app.ui.compare_view import best_value, objective, x_mapper, x_title, x_values
+from app.present import figures
+from app.present import text as f
+from app.present.seed_groups import add_band, band, mean_std, mean_std_text
+from app.ui.compare_view import best_value, objective, stored, whole_x, x_mapper, x_title, x_values
 from app.ui.run_charts import per_epoch
 from app.ui.run_units import statuses_text
 from db.types import RunRecord
@@ -101,25 +101,28 @@ def band_figures(groups: Sequence[Group], series: dict, keys: Sequence[str], xmo
     mappers = {r.id: x_mapper(r, xmode) for g in groups for r in g.runs}
     out = []
     for key in keys:
-        fig = None
+        fig, drawn = None, []
         for i, g in enumerate(groups):
             curves = {}
             for r in g.runs:
                 s = series.get(r.id, {}).get(key)
                 if s is None or not s.steps:
                     continue
-                ys = charts.smooth(list(s.values), smoothing) if smoothing > 0 and not per_epoch(key) else s.values
+                ys = figures.smooth(list(s.values), smoothing) if smoothing > 0 and not per_epoch(key) else s.values
                 curves[r.id] = (x_values(r, s, key, mappers[r.id], xmode), ys)
             xs, means, stds, _ = band(aligned(curves))
             if not xs:
                 continue
-            fig = fig or charts.line_figure(key, [], x_title=x_title(key, xmode), height=340, log_y=log_y,
+            drawn += xs
+            fig = fig or figures.line_figure(key, [], x_title=x_title(key, xmode), height=340, log_y=log_y,
                                             uirevision=f"compare:{key}:{xmode}:{log_y}:grouped",
                                             x_dates=xmode == "wall")
             if xmode == "wall":
-                xs = list(charts.as_dates(xs))
-            add_band(fig, xs, means, stds, name=f.plot_text(g.legend), color=charts.PALETTE[i % len(charts.PALETTE)])
+                xs = list(figures.as_dates(xs))
+            add_band(fig, xs, means, stds, name=f.plot_text(g.legend), color=figures.PALETTE[i % len(figures.PALETTE)])
         if fig is not None:
+            if whole_x(key, xmode):
+                fig.update_xaxes(figures.whole_ticks(drawn))
             out.append((key, fig))
     return out
 
@@ -131,7 +134,7 @@ def group_summary(groups: Sequence[Group]) -> pd.DataFrame:
     for g in groups:
         metric = objective(g.runs)
         best = [v for m, v in map(f.best, g.runs) if m == metric]
-        last = [r.metrics[metric].last_value for r in g.runs if metric in r.metrics]
+        last = [s.last_value for r in g.runs if (s := stored(r, metric)) is not None]
         (best_mean, best_std, n), (last_mean, last_std, _) = mean_std(best), mean_std(last)
         summaries = [r.summary or {} for r in g.runs]
         rows.append({

@@ -13,25 +13,32 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from app import charts
-from app import fmt as f
+from app.present import figures
+from app.present import text as f
+from app.present.form_schema import flatten
 from app.ui import queries, run_units
-from db import repo
-from core.names import SYSTEM_PREFIX, is_loss
 from app.ui.run_charts import per_epoch
-from app.schema import flatten
-from db.types import RunRecord, Series
+from core import catalog
+from core.names import SYSTEM_PREFIX
+from db import repo
+from db.types import MetricSummary, RunRecord, Series
 
 # The parallel coordinates' default axes: the first varying hyperparameters (the user may choose others).
 DEFAULT_AXES = 8
 
 
+def stored(r: RunRecord, key: str | None) -> MetricSummary | None:
+    """The run's summary of a metric's per-epoch values: under the catalog's stored key (train/loss →
+    train/epoch_loss), never a per-step series logged under the same name."""
+    return r.metrics.get(catalog.stored_key(key)) if key else None
+
+
 def best_value(r: RunRecord, key: str) -> float | None:
-    """Best so far of a metric: the minimum for losses, the maximum otherwise."""
-    s = r.metrics.get(key)
+    """Best so far of a metric: the lowest or the highest, as the catalog says (a loss: the lowest)."""
+    s = stored(r, key)
     if s is None:
         return None
-    return s.min_value if is_loss(key) else s.max_value
+    return s.min_value if catalog.better(key) == "min" else s.max_value
 
 
 def objective(runs: Sequence[RunRecord]) -> str | None:
@@ -42,7 +49,7 @@ def objective(runs: Sequence[RunRecord]) -> str | None:
 
 def objective_stats(r: RunRecord, key: str | None) -> dict[str, float | None]:
     """best (min for a loss, max otherwise), min, max and last of one metric over all its stored points."""
-    s = r.metrics.get(key) if key else None
+    s = stored(r, key)
     if s is None:
         return dict.fromkeys(OBJECTIVE_COLUMNS)
     last = s.last_value if s.last_value is not None and math.isfinite(s.last_value) else None
@@ -119,7 +126,7 @@ def parallel(runs: Sequence[RunRecord], metric: str, fields: Sequence[str] | Non
         every = varying_hyperparameters(runs, limit=None)
         params = {k: every[k] for k in fields if k in every}
     values = [best_value(r, metric) for r in runs]
-    return charts.parallel_figure(params, f"best {metric}", [v if v is not None else float("nan") for v in values])
+    return figures.parallel_figure(params, f"best {metric}", [v if v is not None else float("nan") for v in values])
 
 
 def fresh_runs(run_ids: Sequence[str]) -> list[RunRecord]:
@@ -155,22 +162,27 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             s: Series | None = series.get(r.id, {}).get(key)
             if s is None or not s.steps:
                 continue
-            traces.append(charts.Trace(label, x_values(r, s, key, mappers[r.id], xmode), s.values,
-                                       markers=per_epoch(key), color=charts.PALETTE[i % len(charts.PALETTE)]))
+            traces.append(figures.Trace(label, x_values(r, s, key, mappers[r.id], xmode), s.values,
+                                       markers=per_epoch(key), color=figures.PALETTE[i % len(figures.PALETTE)]))
         if traces:
-            fig = charts.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
+            fig = figures.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
                                      uirevision=f"compare:{key}:{xmode}:{log_y}", height=340, log_y=log_y,
-                                     x_dates=xmode == "wall")
+                                     x_dates=xmode == "wall", whole_x=whole_x(key, xmode))
             if len(traces) > LEGEND_RUNS:  # a legend of 100 names would bury the chart: hover names the run
                 fig.update_layout(showlegend=False, hovermode="closest")
             out.append((key, fig))
     return out
 
 
+def whole_x(key: str, xmode: str) -> bool:
+    """Whether the x-axis counts whole numbers (steps, epochs), to be ticked on them only."""
+    return xmode in figures.WHOLE_X_MODES and not key.startswith(SYSTEM_PREFIX)
+
+
 def x_title(key: str, xmode: str) -> str:
     if xmode == "wall":
-        return charts.X_TITLES["wall"]
-    return charts.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
+        return figures.X_TITLES["wall"]
+    return figures.X_TITLES["time" if key.startswith(SYSTEM_PREFIX) else xmode]
 
 
 def x_values(r: RunRecord, s: Series, key: str, mapper, xmode: str = "step") -> list[float]:
@@ -194,9 +206,9 @@ def x_mapper(r: RunRecord, xmode: str):
     spe = steps_per_epoch(r, anchors[-1][0] if anchors else None)
     started = r.started_at.timestamp() if r.started_at else None
     if xmode != "wall":
-        return charts.step_mapper(anchors, xmode, started, spe)
+        return figures.step_mapper(anchors, xmode, started, spe)
     origin = started if started is not None else (anchors[0][2] if anchors else 0.0)
-    relative = charts.step_mapper(anchors, "time", origin, spe)
+    relative = figures.step_mapper(anchors, "time", origin, spe)
     return lambda steps: [origin + x for x in relative(steps)]
 
 

@@ -12,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import fmt as f
-from app import services
+from app.present import text as f
+from app.services.artifacts import artifact_problem, read_artifact
 from app.ui import queries
 from core.names import HIST_BINS, HIST_RANGE, HISTOGRAM_EVENT, MISCLASSIFIED
 from core.scores import SCORE_KEYS, scores_from_confusion
@@ -66,11 +66,11 @@ def _cells(png: bytes, meta: Mapping[str, Any]) -> list[Any]:
 
 def _gallery(r: RunRecord) -> tuple[list[Any], dict] | None:
     arts = [a for a in queries.artifacts(r.id) if a.kind == MISCLASSIFIED]
-    if not arts or services.artifact_problem(arts[-1]) is not None:
+    if not arts or artifact_problem(arts[-1]) is not None:
         return None
     meta = dict(arts[-1].meta or {})
     try:
-        return _cells(services.read_artifact(arts[-1].id, engine=queries.engine()), meta), meta
+        return _cells(read_artifact(arts[-1].id, engine=queries.engine()), meta), meta
     except (LookupError, OSError, KeyError, ValueError):
         return None
 

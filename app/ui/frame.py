@@ -3,10 +3,14 @@ show anything on a database whose schema this code does not know (with the comma
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import streamlit as st
 
-from app import auth, services
-from app.fmt import STATUS_ICON, code_span, md_text, status_label
+from app import auth
+from app.present.text import STATUS_ICON, code_span, md_text, status_label
+from app.services.broker import broker_url, engine_for
 from app.ui import queries
 from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES
 from core.redact import redact
@@ -14,16 +18,49 @@ from db.migrate import check_schema
 from db.repo import FollowedRun, SchemaOutOfDate, followed
 from db.types import utcnow
 
-# The pages, for st.switch_page / st.page_link (paths relative to app/main.py).
-RUNS, NEW, RUN, COMPARE = "app_pages/runs.py", "app_pages/new_run.py", "app_pages/run.py", "app_pages/compare.py"
-ARTIFACT = "app_pages/artifact.py"
-WORKERS, DATASETS = "app_pages/workers.py", "app_pages/datasets.py"
+@dataclass(frozen=True)
+class PageInfo:
+    """One page of the dashboard, for the navigation (app/main.py) and for st.switch_page / st.page_link."""
+
+    path: str  # its file, relative to app/main.py
+    title: str
+    icon: str
+    url_path: str
+    section: str
+    default: bool = False
+    hidden: bool = False  # reached by link only: not listed in the navigation
+
+
+# Every page, in the navigation's order: its file is named here and nowhere else.
+PAGES = (
+    PageInfo("app_pages/overview.py", "Overview", ":material/dashboard:", "overview", "Experiments"),
+    PageInfo("app_pages/runs.py", "Runs", ":material/table_rows:", "runs", "Experiments", default=True),
+    PageInfo("app_pages/new_run.py", "New run", ":material/add_circle:", "new", "Experiments"),
+    PageInfo("app_pages/run.py", "Run", ":material/monitoring:", "run", "Experiments"),
+    PageInfo("app_pages/compare.py", "Compare", ":material/compare_arrows:", "compare", "Experiments"),
+    PageInfo("app_pages/sweep.py", "Sweeps", ":material/tune:", "sweep", "Experiments"),
+    # An artifact's download (and shareable link): opened from the Run page's artifacts, never on its own.
+    PageInfo("app_pages/artifact.py", "Artifact", ":material/download:", "artifact", "Experiments", hidden=True),
+    PageInfo("app_pages/workers.py", "Workers", ":material/memory:", "workers", "Resources"),
+    PageInfo("app_pages/datasets.py", "Datasets", ":material/folder_zip:", "datasets", "Resources"),
+)
+OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, ARTIFACT, WORKERS, DATASETS = (p.path for p in PAGES)
+
+
+def navigation(root: Path) -> dict[str, list]:
+    """The pages by section, as st.navigation takes them (`root`: the folder of app/main.py)."""
+    sections: dict[str, list] = {}
+    for p in PAGES:
+        sections.setdefault(p.section, []).append(st.Page(
+            root / p.path, title=p.title, icon=p.icon, url_path=p.url_path, default=p.default,
+            visibility="hidden" if p.hidden else "visible"))
+    return sections
 
 
 @st.cache_data(ttl=30, show_spinner=False)
 def _schema_problem(url: str) -> str | None:
     try:
-        check_schema(services.engine_for(url))
+        check_schema(engine_for(url))
     except SchemaOutOfDate as e:
         return str(e)
     except Exception as e:  # noqa: BLE001 - an unreachable database is shown, not raised
@@ -44,7 +81,7 @@ def schema_ok() -> bool:
 def _active_counts(url: str) -> tuple[int, int]:
     from db.repo import list_runs
 
-    e = services.engine_for(url)
+    e = engine_for(url)
     return list_runs(e, status="running", limit=1).total, list_runs(e, status=list(CLAIMABLE_STATUSES), limit=1).total
 
 
@@ -56,7 +93,7 @@ def sidebar() -> None:
             st.caption(f"{running} running · {queued} queued")
         url = queries.db_url()
         st.caption(f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}")
-        st.caption(f"broker: {code_span(redact(services.broker_url().split('@')[-1]))}")
+        st.caption(f"broker: {code_span(redact(broker_url().split('@')[-1]))}")
         if _schema_problem(queries.db_url()) is None and followed_runs():
             st.fragment(_follow_panel, run_every=FOLLOW_EVERY_S)()
 

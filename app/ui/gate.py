@@ -21,7 +21,7 @@ from app.auth import (
     sign_in_too_old,
     team_mode,
 )
-from app.fmt import code_span, md_text
+from app.present.text import code_span, md_text
 
 ACCOUNT_FLAG = "auth.account_recorded"  # session state: the key of the account recorded in this session
 
@@ -67,7 +67,7 @@ def _record_account(user: User) -> None:
     """Once per session: the account's name and verified e-mail, which the pages show instead of its key."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.services import get_engine
+    from app.services.broker import get_engine
     from db.repo import upsert_account
 
     if st.session_state.get(ACCOUNT_FLAG) == user.id:

@@ -17,9 +17,10 @@ from typing import Any
 import streamlit as st
 from pydantic import ValidationError
 
-from app import fmt as f
-from app import services, sweeps
-from app.schema import FIELDS, FormField, field_for_error, set_path
+from app.present import text as f
+from app.present.form_schema import FIELDS, FormField, field_for_error, set_path
+from app.services import sweeps
+from app.services.broker import run_queue
 from app.ui import frame, queries, run_view, spec_form, sweep_view
 from core.catalog import OBJECTIVES
 from core.config import RunSpec, SpecError
@@ -317,8 +318,8 @@ def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str
     first = min(spec.budget.parallel, spec.trials)
     st.success(f"Sweep **{f.md_text(record.name)}** launched: {spec.trials} trials, the first {first} queued.",
                icon=":material/rocket_launch:")
-    st.page_link(sweep_view.SWEEP_PAGE, label="Open the sweep", query_params={"id": record.id}, icon=":material/tune:")
-    run_view.waiting_for(services.run_queue(spec.base))
+    st.page_link(frame.SWEEP, label="Open the sweep", query_params={"id": record.id}, icon=":material/tune:")
+    run_view.waiting_for(run_queue(spec.base))
 
 
 def single_run_refused() -> str:

@@ -15,10 +15,12 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy import Engine
 
-from app import fmt as f
-from app import services
+from app.present import text as f
+from app.services.broker import QueueStatus, engine_for, queue_status
+from app.services.owners import owner_labels
 from app.ui import queries
-from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, is_loss, queue_of
+from core import catalog
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, queue_of
 from db import overview, repo
 from db.types import RunRecord
 
@@ -63,11 +65,12 @@ def objective(r: RunRecord) -> str:
 
 
 def objective_values(r: RunRecord, key: str) -> tuple[float | None, float | None]:
-    """(last, best so far) of the objective: the lowest of a loss, the highest of anything else."""
-    s = r.metrics.get(key)
+    """(last, best so far) of the objective's per-epoch values (train/loss: train/epoch_loss, the catalog's stored
+    key), the best the lowest or the highest as the catalog says."""
+    s = r.metrics.get(catalog.stored_key(key))
     if s is None:
         return None, None
-    return s.last_value, s.min_value if is_loss(key) else s.max_value
+    return s.last_value, s.min_value if catalog.better(key) == "min" else s.max_value
 
 
 def finding_text(found: overview.Findings | None) -> str:
@@ -84,7 +87,8 @@ def _run_row(r: RunRecord, owners: dict[str, str], found: dict, curves: dict) ->
     last, best = objective_values(r, key)
     return {"run": r.name, "owner": owners.get(r.owner, r.owner), "status": f.status_label(r.status),
             "objective": key, "value": last, "best": best, "diagnosis": finding_text(found.get(r.id)),
-            "loss": curves.get((r.id, TRAIN_LOSS), []), "objective curve": curves.get((r.id, key), []),
+            "loss": curves.get((r.id, TRAIN_LOSS), []),
+            "objective curve": curves.get((r.id, catalog.stored_key(key)), []),
             "open": f"run?id={r.id}"}
 
 
@@ -107,7 +111,7 @@ FINISHED_COLUMNS = ["run", "owner", "status", "finished", "took", "objective", "
 QUEUED_COLUMNS = ["position", "queue", "run", "owner", "status", "waiting", "who can take it", "open"]
 
 
-def takers(status: services.QueueStatus) -> str:
+def takers(status: QueueStatus) -> str:
     """Who would take a run of this queue now, in a table cell."""
     if not status.served:  # a multi-GPU run: how many GPUs it needs and the most any live worker offers
         return status.gap()
@@ -115,7 +119,7 @@ def takers(status: services.QueueStatus) -> str:
     return names + (f" and {len(status.workers) - 3} more" if len(status.workers) > 3 else "")
 
 
-def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, services.QueueStatus]
+def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, QueueStatus]
                  ) -> pd.DataFrame:
     """Each waiting run's position in its own queue (by creation: the order a worker takes them)."""
     seen: dict[str, int] = {}
@@ -153,9 +157,10 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
                             limit=MAX_QUEUED)
     shown = [*running.runs, *recent]
     found = overview.findings(engine, [r.id for r in shown])
-    curves = overview.curves(engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, objective(r))])
-    owners = services.owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
-    statuses = {q: services.queue_status(q, engine=engine)
+    curves = overview.curves(engine, [(r.id, key) for r in shown
+                                      for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))])
+    owners = owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
+    statuses = {q: queue_status(q, engine=engine)
                 for q in sorted({queue_of(r.spec) for r in queued.runs})}
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
@@ -169,7 +174,7 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
 
 @st.cache_data(ttl=1, show_spinner=False, max_entries=16)
 def _snapshot(url: str, window_s: float) -> Snapshot:
-    return load(services.engine_for(url), window_s)
+    return load(engine_for(url), window_s)
 
 
 def snapshot(window_s: float) -> Snapshot:
@@ -210,33 +215,34 @@ def attention_panel(s: Snapshot) -> None:
         st.caption(f"and {len(s.attention) - MAX_ATTENTION} more runs with findings: see the diagnosis column.")
 
 
+def table(rows: pd.DataFrame, empty: str, more: str | None = None) -> None:
+    """A panel's table: `empty` said instead when it has no rows, `more` under it when it shows only some. A value
+    not there yet (an objective before the first validation) is drawn as a dash."""
+    if rows.empty:
+        st.caption(empty)
+        return
+    st.dataframe(rows, hide_index=True, width="stretch", column_config=_columns(), placeholder=f.EMPTY)
+    if more:
+        st.caption(more)
+
+
 def running_panel(s: Snapshot) -> None:
     st.subheader("Running")
-    if s.running.empty:
-        st.caption("Nothing is running.")
-        return
-    st.dataframe(s.running, hide_index=True, width="stretch", column_config=_columns())
-    if s.running_total > len(s.running):
-        st.caption(f"The {len(s.running)} started last of {s.running_total} running runs: the Runs page lists all.")
+    table(s.running, "Nothing is running.",
+          f"The {len(s.running)} started last of {s.running_total} running runs: the Runs page lists all."
+          if s.running_total > len(s.running) else None)
 
 
 def finished_panel(s: Snapshot, window: str) -> None:
     st.subheader("Recently finished")
-    if s.finished.empty:
-        st.caption(f"No run finished in the last {window}.")
-        return
-    st.dataframe(s.finished, hide_index=True, width="stretch", column_config=_columns())
-    if s.finished_more:
-        st.caption(f"The {len(s.finished)} that finished last: the Runs page lists all.")
+    table(s.finished, f"No run finished in the last {window}.",
+          f"The {len(s.finished)} that finished last: the Runs page lists all." if s.finished_more else None)
 
 
 def queue_panel(s: Snapshot) -> None:
     st.subheader("Queued")
     for message in s.unserved:
         st.warning(message[0].upper() + message[1:], icon=":material/hourglass_disabled:")
-    if s.queued.empty:
-        st.caption("The queue is empty.")
-        return
-    st.dataframe(s.queued, hide_index=True, width="stretch", column_config=_columns())
-    if s.queued_total > len(s.queued):
-        st.caption(f"The first {len(s.queued)} of {s.queued_total} waiting runs: the Workers page lists more.")
+    table(s.queued, "The queue is empty.",
+          f"The first {len(s.queued)} of {s.queued_total} waiting runs: the Workers page lists more."
+          if s.queued_total > len(s.queued) else None)

@@ -1,5 +1,5 @@
 """The New run page's pre-flight panel: the shape check, the overfit-one-batch verdict (worker/preflight.py's
-`overfit` entry) and the labelled sample grid, as a jobs worker answered them (app/jobs.preflight)."""
+`overfit` entry) and the labelled sample grid, as a jobs worker answered them (app/services/jobs.preflight)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import streamlit as st
 
-from app import fmt as f
+from app.present import text as f
 
 OVERFIT_HINT = ("A model that cannot memorise a handful of samples usually has a learning rate too low or too high "
                 "for it (the check uses Adam at {lr:g}), labels misaligned with the images (compare the grid "

@@ -7,17 +7,18 @@ points only (`since_step`), which is cheaper than any cache."""
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import streamlit as st
 from sqlalchemy import Engine
 
+from app.services.broker import engine_for
+from app.ui import run_units
 from core.names import CLAIMABLE_STATUSES
 from db import repo
-from app.services import engine_for
-from app.ui import run_units
 from db.engine import database_url
 from db.types import (
     DatasetRecord,
@@ -33,7 +34,7 @@ from db.types import (
 # its worker's sink flushed it. TORCHDECK_UI_REFRESH_S tunes it for slow shared machines.
 REFRESH_S = float(os.environ.get("TORCHDECK_UI_REFRESH_S", "1.0"))
 # A running run's charts poll faster: a refresh where nothing was written reads one short range of
-# an index (app/ui/live_series.py) and sends a few stamps, so a new point is drawn within about this
+# an index (app/live/series.py) and sends a few stamps, so a new point is drawn within about this
 # long after its worker's sink wrote it.
 LIVE_S = min(float(os.environ.get("TORCHDECK_UI_LIVE_S", "0.25")), REFRESH_S)
 
@@ -49,6 +50,30 @@ def engine() -> Engine:
 def clear() -> None:
     """After a write (submit, cancel, delete...): the next read must see it."""
     st.cache_data.clear()
+
+
+P, T = ParamSpec("P"), TypeVar("T")
+
+
+def shared(ttl: float, **cache: Any) -> Callable[[Callable[Concatenate[Engine, P], T]], Callable[P, T]]:
+    """A read of the database, `read(engine, *args)`, as the pages call it, `read(*args)`: on the engine of the
+    database URL, its answers shared between reruns and viewers for `ttl` seconds (st.cache_data, keyed by the
+    database URL and the arguments, so two databases in one process never share answers)."""
+
+    def wrap(read: Callable[Concatenate[Engine, P], T]) -> Callable[P, T]:
+        @functools.wraps(read)  # the cache's key: the read's own name and source
+        def by_url(url: str, *args: P.args, **kwargs: P.kwargs) -> T:
+            return read(engine_for(url), *args, **kwargs)
+
+        cached = st.cache_data(ttl=ttl, show_spinner=False, **cache)(by_url)
+
+        @functools.wraps(read)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return cached(db_url(), *args, **kwargs)
+
+        return call
+
+    return wrap
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -68,14 +93,10 @@ def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str
                       expression or None, sort, descending, limit, offset)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
-def _children(url: str, run_id: str, limit: int) -> RunPage:
-    return repo.list_runs(engine_for(url), parent_id=run_id, sort="created_at", descending=False, limit=limit)
-
-
-def children(run_id: str, limit: int = 20) -> RunPage:
+@shared(ttl=2)
+def children(engine: Engine, run_id: str, limit: int = 20) -> RunPage:
     """The runs made from this one (clones, re-runs, seed copies, fine-tunes), oldest first, with their total."""
-    return _children(db_url(), run_id, limit)
+    return repo.list_runs(engine, parent_id=run_id, sort="created_at", descending=False, limit=limit)
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -93,65 +114,55 @@ def units_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: st
                        descending, limit, offset)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
-def _runs_by_id(url: str, run_ids: tuple[str, ...]) -> dict[str, RunRecord]:
-    return run_units.load(engine_for(url), run_ids)
-
-
 def runs_by_id(run_ids: Sequence[str]) -> dict[str, RunRecord]:
     """The runs that still exist, by id (one query for the lot)."""
-    return _runs_by_id(db_url(), tuple(run_ids))
+    return _runs_by_id(tuple(run_ids))
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _sweeps(url: str) -> list[SweepRecord]:
-    return repo.list_sweeps(engine_for(url))
+@shared(ttl=2)
+def _runs_by_id(engine: Engine, run_ids: tuple[str, ...]) -> dict[str, RunRecord]:
+    return run_units.load(engine, run_ids)
 
 
-def sweeps() -> list[SweepRecord]:
+def unit_members(units: Sequence[run_units.Unit]) -> run_units.Members:
+    """The runs of a page of grouped rows and the rows' sweeps, read for the whole page at once."""
+    return _unit_members(tuple(units))
+
+
+@shared(ttl=2)
+def _unit_members(engine: Engine, units: tuple[run_units.Unit, ...]) -> run_units.Members:
+    return run_units.members(engine, units)
+
+
+@shared(ttl=10)
+def sweeps(engine: Engine) -> list[SweepRecord]:
     """The newest sweeps (at most 500), newest first."""
-    return _sweeps(db_url())
+    return repo.list_sweeps(engine)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _sweep(url: str, sweep_id: str) -> SweepRecord | None:
+@shared(ttl=5)
+def sweep(engine: Engine, sweep_id: str) -> SweepRecord | None:
     try:
-        return repo.get_sweep(engine_for(url), sweep_id)
+        return repo.get_sweep(engine, sweep_id)
     except repo.SweepNotFound:
         return None
 
 
-def sweep(sweep_id: str) -> SweepRecord | None:
-    return _sweep(db_url(), sweep_id)
-
-
-@st.cache_data(ttl=5, show_spinner=False, max_entries=256)
-def _sweep_runs(url: str, sweep_id: str) -> list[RunRecord]:
-    return repo.sweep_runs(engine_for(url), sweep_id)
-
-
-def sweep_runs(sweep_id: str) -> list[RunRecord]:
+@shared(ttl=5, max_entries=256)
+def sweep_runs(engine: Engine, sweep_id: str) -> list[RunRecord]:
     """A sweep's runs by trial."""
-    return _sweep_runs(db_url(), sweep_id)
+    return repo.sweep_runs(engine, sweep_id)
 
 
-@st.cache_data(ttl=5, show_spinner=False, max_entries=256)
-def _group_runs(url: str, group_id: str) -> list[RunRecord]:
-    return repo.group_runs(engine_for(url), group_id)
-
-
-def group_runs(group_id: str) -> list[RunRecord]:
+@shared(ttl=5, max_entries=256)
+def group_runs(engine: Engine, group_id: str) -> list[RunRecord]:
     """A seed group's runs, oldest first."""
-    return _group_runs(db_url(), group_id)
+    return repo.group_runs(engine, group_id)
 
 
-@st.cache_data(ttl=30, show_spinner=False)
-def _owners_and_tags(url: str) -> tuple[list[str], list[str]]:
-    return repo.owners_and_tags(engine_for(url))
-
-
-def owners_and_tags() -> tuple[list[str], list[str]]:
-    return _owners_and_tags(db_url())
+@shared(ttl=30)
+def owners_and_tags(engine: Engine) -> tuple[list[str], list[str]]:
+    return repo.owners_and_tags(engine)
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -218,31 +229,19 @@ def events(run_id: str, after_id: int = 0, limit: int = 2000) -> list[EventRecor
     return repo.list_events(engine(), run_id, after_id=after_id, limit=limit)
 
 
-@st.cache_data(ttl=3, show_spinner=False)
-def _artifacts(url: str, run_id: str) -> list[repo.ArtifactRecord]:
-    return repo.list_artifacts(engine_for(url), run_id)
+@shared(ttl=3)
+def artifacts(engine: Engine, run_id: str) -> list[repo.ArtifactRecord]:
+    return repo.list_artifacts(engine, run_id)
 
 
-def artifacts(run_id: str) -> list[repo.ArtifactRecord]:
-    return _artifacts(db_url(), run_id)
+@shared(ttl=2)
+def workers(engine: Engine) -> list[WorkerRecord]:
+    return repo.list_workers(engine)
 
 
-@st.cache_data(ttl=2, show_spinner=False)
-def _workers(url: str) -> list[WorkerRecord]:
-    return repo.list_workers(engine_for(url))
-
-
-def workers() -> list[WorkerRecord]:
-    return _workers(db_url())
-
-
-@st.cache_data(ttl=5, show_spinner=False)
-def _datasets(url: str) -> list[DatasetRecord]:
-    return repo.list_datasets(engine_for(url))
-
-
-def datasets() -> list[DatasetRecord]:
-    return _datasets(db_url())
+@shared(ttl=5)
+def datasets(engine: Engine) -> list[DatasetRecord]:
+    return repo.list_datasets(engine)
 
 
 def queued_runs(limit: int = 1000) -> list[RunRecord]:

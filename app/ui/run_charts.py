@@ -1,6 +1,6 @@
 """The Run page's charts: which metric keys go on which chart, and the series behind them.
 
-A running run's series live in the process-wide app.ui.live_series.SharedRun: fetched once
+A running run's series live in the process-wide app.live.series.SharedRun: fetched once
 downsampled, then only the keys that grew, only their new points; each chart is rebuilt only when
 one of its series grew, and its JSON is shared by every viewer. A finished run's charts are built
 once and cached."""
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from app.live import series as live_series
+from app.live.chart import Chart, asked_again, chart
+from app.present.figures import WHOLE_X_MODES, X_TITLES, Trace, line_dict, step_mapper
 from app.ui import queries
 from core import catalog
 from core import names as n
-from app.charts import X_TITLES, Trace, line_dict, step_mapper
-from app.ui import live_series
-from app.ui.live_chart import Chart, asked_again, chart
 from db import repo
 from db.types import RunRecord
 
@@ -98,7 +98,7 @@ def _chart(r: RunRecord, spec: ChartSpec, keys: Sequence[str], get: Getter, anch
         return None
     fig = line_dict(spec.title, traces, x_title=X_TITLES["time"] if spec.system else X_TITLES[xmode],
                     uirevision=f"{r.id}:{spec.title}:{xmode}", smoothing=smoothing if spec.smooth else 0.0,
-                    log_y=spec.log_y)
+                    log_y=spec.log_y, whole_x=not spec.system and xmode in WHOLE_X_MODES)
     return chart(spec.title, fig)
 
 

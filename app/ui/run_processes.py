@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import fmt as f
+from app.present import text as f
 from app.ui import queries
 from core.names import CPU_QUEUE, queue_of, run_gpus
 from db.types import EventRecord, RunRecord

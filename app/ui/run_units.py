@@ -9,11 +9,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app import fmt as f
-from app.groups import mean_std_text
+from app.present import text as f
+from app.present.seed_groups import mean_std_text
 from core.names import SUCCESS_STATUSES
 from db.types import RunRecord, SweepRecord
-from db.units import GROUP, RUN, SWEEP, Unit, UnitPage, list_units, load  # noqa: F401 - the page reads them here
+from db.units import GROUP, RUN, SWEEP, Members, Unit, UnitPage, list_units, load, members  # noqa: F401 - the page reads them here
 
 
 # --- the rows' text ------------------------------------------------------------------------------------

@@ -9,10 +9,16 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from app import services
-from app import auth, charts, downloads, jobs
-from app import fmt as f
+from app import auth
+from app.present import figures
+from app.present import text as f
+from app.services import jobs
+from app.services.artifacts import artifact_problem, latest_by_kind, read_artifact
+from app.services.broker import queue_status, run_queue
+from app.services.owners import owner_label
+from app.services.runs import spec_of
 from app.ui import error_view, frame, queries, run_units
+from app.web import downloads
 from core.config import RunSpec
 from core.names import (
     BUNDLE,
@@ -98,7 +104,7 @@ def status_panel(r: RunRecord) -> None:
              help=f"at epoch {best_epoch}" if best_epoch else None)
     d.caption(f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}")
     if r.status == "queued":
-        waiting_for(services.run_queue(services.spec_of(r)))
+        waiting_for(run_queue(spec_of(r)))
     if r.degraded:
         st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
     if r.status == "lost":
@@ -171,7 +177,7 @@ def repeat_with_seeds(r: RunRecord, container) -> None:
             st.caption(f"The new runs join this run's seed group of {len(members)} runs.")
         if not st.button(f"Repeat with {k} seeds", key=f"run.repeat.{r.id}", type="primary", icon=":material/replay:"):
             return
-        from app import sweeps  # the sweep package (and Optuna) only once someone repeats a run
+        from app.services import sweeps  # the sweep package (and Optuna) only once someone repeats a run
 
         try:
             new = sweeps.repeat_with_seeds(r.id, k, owner=auth.current_user().id, engine=queries.engine())
@@ -203,7 +209,7 @@ def repeated_notice(r: RunRecord) -> None:
 
 def waiting_for(queue: str) -> None:
     """Which live workers would take a run from `queue`, or that none would and how to fix it."""
-    status = services.queue_status(queue, engine=queries.engine())
+    status = queue_status(queue, engine=queries.engine())
     text = status.message()
     if status.served:  # it names the workers and their hosts: as text
         st.info(f.md_text(text[0].upper() + text[1:]), icon=":material/hourglass_top:")
@@ -248,12 +254,12 @@ def _evaluation(r: RunRecord, last: dict) -> None:
     st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.{shown}")
     left, right = st.columns(2)
     if last.get("confusion"):
-        left.plotly_chart(charts.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
+        left.plotly_chart(figures.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
                           key=f"run.cm.{r.id}", config={"displaylogo": False})
     else:  # many classes: the most confused pairs instead of a matrix nobody could read
         pairs = last.get("top_confusions") or []
         left.dataframe(pd.DataFrame(pairs, columns=["true", "predicted", "count"]), hide_index=True)
-    right.plotly_chart(charts.bar_figure("Per-class accuracy (validation)", names, last.get("per_class_acc", []),
+    right.plotly_chart(figures.bar_figure("Per-class accuracy (validation)", names, last.get("per_class_acc", []),
                                          y_title="accuracy", uirevision=f"{r.id}:pc", percent=True),
                        key=f"run.pc.{r.id}", config={"displaylogo": False})
 
@@ -272,9 +278,9 @@ def events_panel(events: list[EventRecord]) -> None:
 def samples_panel(r: RunRecord) -> None:
     grids = [a for a in queries.artifacts(r.id) if a.kind == SAMPLE_GRID]
     image = None
-    if grids and services.artifact_problem(grids[-1]) is None:
+    if grids and artifact_problem(grids[-1]) is None:
         try:
-            image = services.read_artifact(grids[-1].id, engine=queries.engine())  # from the artifact store
+            image = read_artifact(grids[-1].id, engine=queries.engine())  # from the artifact store
         except (LookupError, OSError):
             image = None
     if image is None:
@@ -299,12 +305,12 @@ def _report_row(kind: str, meta: dict) -> dict:
 
 def artifacts_panel(r: RunRecord) -> None:
     every = queries.artifacts(r.id)
-    arts = services.latest_by_kind(every)
+    arts = latest_by_kind(every)
     rows = [a for kind, a in arts.items() if kind != SAMPLE_GRID]
     if not rows:
         st.caption("No files yet: checkpoints appear after the first epoch, exports at the end.")
     for a in sorted(rows, key=lambda a: list(ARTIFACT_LABELS).index(a.kind) if a.kind in ARTIFACT_LABELS else 99):
-        problem = services.artifact_problem(a)
+        problem = artifact_problem(a)
         left, right = st.columns([3, 1], vertical_alignment="center")
         with left:
             st.markdown(f"**{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))}** · {f.size(a.size)}"
@@ -347,11 +353,11 @@ def export_panel(r: RunRecord) -> None:
         return
     user = auth.current_user()
     if not auth.can_modify(user, r):
-        owner = f.md_text(services.owner_label(r.owner, queries.engine()) or "its owner")
+        owner = f.md_text(owner_label(r.owner, queries.engine()) or "its owner")
         st.caption(f":material/lock: **Export now** is for {owner} or an admin: it adds files to the run. "
                    "Its files above stay downloadable by everyone; clone the run to make your own.")
         return
-    exported = [k for k in services.latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
+    exported = [k for k in latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
     with st.form(f"run.export.{r.id}", border=True):
         st.markdown("**Export now** — (re)make verified exports from a checkpoint")
         a, b = st.columns([3, 1])

@@ -1,4 +1,4 @@
-"""The RunSpec form: one widget per schema field (see app/schema.py), grouped, labelled in words (app/form_rules.py),
+"""The RunSpec form: one widget per schema field (see app/present/form_schema.py), grouped, labelled in words (app/present/form_rules.py),
 with the schema's default and description, and a slot under each widget where that field's error appears. A
 group shows the fields that matter for the choices made, its rarely changed ones under "Advanced"; the others
 wait in a "Not used" expander, still drawn, so their values stay in the spec.
@@ -14,9 +14,9 @@ from typing import Any
 
 import streamlit as st
 
-from app.fmt import md_text
-from app.form_rules import advanced
-from app.schema import FIELDS, GROUPS, FormField, flatten, set_path
+from app.present.form_rules import advanced
+from app.present.form_schema import FIELDS, GROUPS, FormField, flatten, set_path
+from app.present.text import md_text
 
 PREFIX = "nr.f."
 _OPTBOOL = {"auto": None, "on": True, "off": False}
@@ -121,7 +121,7 @@ def render_group(group: str, slots: dict[str, Any], columns: int = 3,
 
 def split(group: str, shown: Shown | None = None, skip: Collection[str] = ()) -> tuple[list[FormField], ...]:
     """A group's fields as (main, advanced, unused): unused ones do not matter for the choices made (`shown`
-    says no), advanced ones are rarely changed (app/form_rules.py); `skip`: drawn elsewhere."""
+    says no), advanced ones are rarely changed (app/present/form_rules.py); `skip`: drawn elsewhere."""
     fields = [f for f in FIELDS if f.group == group and f.path not in skip]
     used = [f for f in fields if shown is None or shown(f.path)]
     unused = [f for f in fields if f not in used]

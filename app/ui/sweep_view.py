@@ -1,5 +1,5 @@
 """The Sweep page's reads (cached where they may be), its tables and its figures, as functions of a
-SweepView (app/sweeps.py). A running sweep is read fresh at each refresh; a finished one is cached."""
+SweepView (app/services/sweeps.py). A running sweep is read fresh at each refresh; a finished one is cached."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import charts, sweeps
-from app import fmt as f
-from app.fmt import plot_text
-from app.groups import add_band, band, mean_std_text
-from app.services import engine_for, owner_labels
-from app.sweeps import SweepView
+from app.present import figures as charts
+from app.present import text as f
+from app.present.seed_groups import add_band, band, mean_std_text
+from app.present.text import plot_text
+from app.services import sweeps
+from app.services.broker import engine_for
+from app.services.owners import owner_labels
+from app.services.sweeps import SweepView
 from app.ui import queries
 from db import repo
 from sweep import control, study
 from sweep.spec import SweepSpec
 
-SWEEP_PAGE = "app_pages/sweep.py"  # for st.page_link / st.switch_page (relative to app/main.py)
 # A sweep's page reads more than a run's (every trial's runs and curves): refreshed at most this often.
 REFRESH_S = max(queries.REFRESH_S, 2.0)
 STATE_COLOR = {"completed": "green", "pruned": "orange", "running": "blue", "queued": "gray", "failed": "red"}

@@ -2,7 +2,7 @@
 
 It is rendered with markdown-it-py (CommonMark, plus GFM's strikethrough and tables) to HTML, read back as
 text and tags. Streamlit's frontend also rewrites the text once it is parsed — URLs and e-mail addresses
-become links (GFM autolink literals; an e-mail address too, which app.fmt leaves as a mailto link to
+become links (GFM autolink literals; an e-mail address too, which app.present.text leaves as a mailto link to
 exactly the address shown), `:name:` an emoji, a Material icon or its logo, a lone `->` or `--` an
 arrow or a dash — so `rewritten` lists which of those patterns (Streamlit 1.67's, with JavaScript's `\\s`)
 the shown text still holds."""
@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 
 from markdown_it import MarkdownIt
 
-JOINER = "\u2060"  # app.fmt.WORD_JOINER: invisible, so a reader sees the text without it
+JOINER = "\u2060"  # app.present.text.WORD_JOINER: invisible, so a reader sees the text without it
 _MD = MarkdownIt("commonmark").enable(["strikethrough", "table"])
 _JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 REWRITES = {

@@ -1,4 +1,4 @@
-"""One gate for every way a run is created (app/admission.py; core/admission.py for a sweep's trials): the New
+"""One gate for every way a run is created (app/services/admission.py; core/admission.py for a sweep's trials): the New
 run form, a clone, "start from a run's weights", `torchdeck submit`, a re-run, "Repeat with k seeds", a sweep's
 best launched again, and a sweep (through the service and `torchdeck sweep`). Each entry point is driven with
 the same bad specs, on SQLite and on Postgres, in team mode: a `data.path` outside the allowed folders, a
@@ -22,7 +22,10 @@ from sqlalchemy import Engine
 from test_auth import ANA, claims, team, team_page, user  # noqa: F401 - `team` is a fixture
 from typer.testing import CliRunner
 
-from app import paths, services, sweeps
+from app.services import paths, sweeps
+from app.services.admission import MAX_QUEUED_ENV
+from app.services.artifacts import artifact_root
+from app.services.runs import rerun, submit
 from core.config import RunSpec, SpecError
 from db import repo
 from db.engine import make_engine
@@ -55,7 +58,7 @@ def engine(home: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> It
 
 @pytest.fixture
 def gate(team, engine, broker, monkeypatch):
-    monkeypatch.setenv(services.MAX_QUEUED_ENV, str(LIMIT))
+    monkeypatch.setenv(MAX_QUEUED_ENV, str(LIMIT))
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     return engine
 
@@ -106,12 +109,12 @@ def spec_for(case: str) -> dict:
 
 
 def by_service(engine: Engine, case: str) -> Outcome:
-    return raised(lambda: services.submit(RunSpec.model_validate(spec_for(case)), owner=ana(), engine=engine))
+    return raised(lambda: submit(RunSpec.model_validate(spec_for(case)), owner=ana(), engine=engine))
 
 
 def by_rerun(engine: Engine, case: str) -> Outcome:
     source = plant(engine, spec_for(case))
-    return raised(lambda: services.rerun(source.id, owner=ana(), engine=engine))
+    return raised(lambda: rerun(source.id, owner=ana(), engine=engine))
 
 
 def by_repeat(engine: Engine, case: str) -> Outcome:
@@ -164,7 +167,7 @@ CLIS = {"cli-submit": by_cli_submit, "cli-sweep": by_cli_sweep}
 def with_checkpoint(engine: Engine) -> repo.RunRecord:
     """A finished run whose best checkpoint is a file under the artifact root, as a worker registers it."""
     run = plant(engine, {**GOOD, "name": "teacher"})
-    path = services.artifact_root() / "runs" / run.id / "checkpoints" / "best.pt"
+    path = artifact_root() / "runs" / run.id / "checkpoints" / "best.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not really a state_dict")
     repo.add_artifact(engine, run.id, "checkpoint_best", path.as_uri(), size=path.stat().st_size)
@@ -250,7 +253,7 @@ def test_repeats_and_sweeps_never_take_a_person_past_the_limit(gate, broker):
     (parallel 2) 46. Now a group is stored whole or not at all, a sweep needs room for its first configuration,
     and its later trials wait for room (created at a later advance, as a worker's reaper does)."""
     engine = gate
-    first = services.submit(RunSpec.model_validate(GOOD), owner=ana(), engine=engine)
+    first = submit(RunSpec.model_validate(GOOD), owner=ana(), engine=engine)
     for _ in range(2):
         with pytest.raises(QueueLimitReached, match="these 19 would make 20"):
             sweeps.repeat_with_seeds(first.id, 20, owner=ana(), engine=engine)
@@ -289,14 +292,14 @@ def test_a_sweep_never_turns_an_uploaded_dataset_into_a_download_folder(gate, ho
 
 
 def test_the_dashboard_stores_runs_only_through_the_gate():
-    """Whatever entry point comes next goes through app/admission.py: nothing else in app/, sweep/ or worker/
+    """Whatever entry point comes next goes through app/services/admission.py: nothing else in app/, sweep/ or worker/
     stores a run (sweep.control stores a trial's runs with db add_trial, after core.admission's rules)."""
     import re
 
     root = Path(__file__).resolve().parents[2]
     storing = {str(p.relative_to(root)) for part in ("app", "sweep", "worker") for p in (root / part).rglob("*.py")
                if re.search(r"\bcreate_runs?\(", p.read_text())}
-    assert storing == {"app/admission.py"}
+    assert storing == {"app/services/admission.py"}
 
 
 def test_a_copy_out_of_bounds_is_refused_with_its_field(gate):

@@ -1,4 +1,4 @@
-"""Artifact downloads through the dashboard's download route (app/downloads.py): streamed a piece at a time
+"""Artifact downloads through the dashboard's download route (app/web/downloads.py): streamed a piece at a time
 (a 128 MB checkpoint costs the dashboard a few MB, not 128), re-checked against the registered SHA-256
 (a changed file is refused before its first byte), by opaque id only, and only for whom the pages admit. The
 Artifact page links to the route where the dashboard serves it, and falls back on Streamlit's button (which
@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from app import downloads
+from app.web import downloads
 from db import repo
 
 ISSUER = "https://sso.example.com/realms/lab"

@@ -1,5 +1,5 @@
 """Sign-in and ownership (app/auth.py): who may cancel and delete a run (its owner or an admin), enforced
-in app/services.py and reflected in the pages; team mode refuses to start without sign-in settings and
+in app/services/runs.py and reflected in the pages; team mode refuses to start without sign-in settings and
 shows nothing before sign-in; local mode is served on 127.0.0.1 only."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from seeding import seed_run
 from streamlit.testing.v1 import AppTest
 
-from app import auth, services
+from app import auth
+from app.services.runs import cancel, refused_removal, remove
 from db import repo
 
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
@@ -160,7 +161,7 @@ def test_local_mode_user_may_do_anything(monkeypatch, engine):
     monkeypatch.delenv(auth.MODE_ENV, raising=False)
     run = seed_run(engine, "someone's", owner=BOB, status="queued")
     assert not auth.team_mode() and auth.can_modify(auth.local_user(), run)
-    assert services.cancel(run.id, engine=engine, by=auth.local_user()).status == "cancelled"
+    assert cancel(run.id, engine=engine, by=auth.local_user()).status == "cancelled"
 
 
 # --- enforced in the services ---------------------------------------------------------------------
@@ -175,22 +176,22 @@ def test_service_refuses_cancel_and_delete_by_another_user(team, engine, home):
     (files / "best.pt").write_bytes(b"x")
     for r in (queued, running):
         with pytest.raises(auth.PermissionDenied, match=rf"Ana \({ANA}\) may not cancel run {r.id}: it belongs to {BOB}"):
-            services.cancel(r.id, engine=engine, by=user(ANA))
+            cancel(r.id, engine=engine, by=user(ANA))
     with pytest.raises(auth.PermissionDenied, match="may not delete"):
-        services.remove(done.id, engine=engine, by=user(ANA))
+        remove(done.id, engine=engine, by=user(ANA))
     assert repo.get_run(engine, queued.id).status == "queued"
     assert not repo.get_run(engine, running.id).cancel_requested
     assert repo.get_run(engine, done.id) and files.is_dir()
-    assert "may not delete" in services.refused_removal(done.id, by=user(ANA), engine=engine)
+    assert "may not delete" in refused_removal(done.id, by=user(ANA), engine=engine)
 
 
 def test_owner_and_admin_may_cancel_and_delete(team, engine, home):
     queued = seed_run(engine, "bob-queued", owner=BOB, status="queued")
     running = seed_run(engine, "bob-running", owner=BOB, status="running")
     done = seed_run(engine, "bob-done", owner=BOB)
-    assert services.cancel(queued.id, engine=engine, by=user(BOB)).status == "cancelled"
-    assert services.cancel(running.id, engine=engine, by=user(ADMIN)).cancel_requested
-    services.remove(done.id, engine=engine, by=user(ADMIN))
+    assert cancel(queued.id, engine=engine, by=user(BOB)).status == "cancelled"
+    assert cancel(running.id, engine=engine, by=user(ADMIN)).cancel_requested
+    remove(done.id, engine=engine, by=user(ADMIN))
     with pytest.raises(repo.RunNotFound):
         repo.get_run(engine, done.id)
 

@@ -75,3 +75,81 @@ def test_workers_devices_heartbeat_current_run_and_queue_positions(page, engine)
     assert row["current run"] == f"run?id={running.id}" and row["heartbeat age"].endswith("s")
     positions = {r["id"]: (r["queue"], r["position"]) for _, r in queue.iterrows()}
     assert positions == {q1.id: ("gpu", 1), q2.id: ("cpu", 1), q3.id: ("gpu", 2)}
+
+
+def _heard_from(engine, worker_id: str, seconds_ago: float) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from db.models import Worker
+    from db.types import utcnow
+
+    with engine.begin() as conn:
+        conn.execute(update(Worker).where(Worker.id == worker_id)
+                     .values(heartbeat_at=utcnow() - timedelta(seconds=seconds_ago)))
+
+
+def test_the_workers_page_and_doctor_agree_on_who_is_alive(page, engine, monkeypatch):
+    """One limit, TORCHDECK_STALE_AFTER_S, for the page, `torchdeck doctor` and the queue's warnings."""
+    from app.cli.doctor import check_workers
+    from app.services.broker import queue_status
+
+    monkeypatch.setenv("TORCHDECK_STALE_AFTER_S", "120")  # a slow shared machine: heartbeats can lag a minute
+    for worker, ago in (("cpu@slow", 60), ("cpu@gone", 300)):
+        repo.upsert_worker(engine, worker, hostname="box", queues=["cpu"], devices=[{"kind": "cpu", "cores": 4}])
+        _heard_from(engine, worker, ago)
+    at = page("workers.py")
+    workers = at.dataframe[0].value
+    assert dict(zip(workers["worker"], workers["state"], strict=True)) == {"cpu@slow": "alive", "cpu@gone": "silent"}
+    assert [c.name for c in check_workers(engine) if c.name.startswith("worker ")] == ["worker cpu@slow"]
+    assert [w.id for w in queue_status("cpu", engine).workers] == ["cpu@slow"]
+
+
+def test_a_cpu_only_worker_takes_cpu_runs_and_an_idle_one_shows_a_dash_for_its_run(page, engine):
+    """`make up` on a machine without a GPU: one worker consuming gpu and cpu, which runs everything on its CPU."""
+    repo.upsert_worker(engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"],
+                       devices=[{"kind": "cpu", "cores": 8}])
+    repo.upsert_worker(engine, "jobs@laptop", hostname="laptop", queues=["jobs"], devices=[{"kind": "cpu", "cores": 8}])
+    at = page("workers.py")
+    shown = at.dataframe[0]
+    takes = dict(zip(shown.value["worker"], shown.value["takes"], strict=True))
+    assert takes == {"cpu@laptop": "CPU runs (the gpu queue's too, on its CPU)", "jobs@laptop": "no runs (dashboard jobs)"}
+    assert shown.value["current run"].isna().all() and shown.proto.placeholder == "–"  # idle: a dash, not "None"
+
+
+def test_compare_curves_of_one_point_have_whole_steps_and_epochs(page, engine):
+    from db.types import MetricPoint
+
+    a, b = seed_run(engine, "a", status="running"), seed_run(engine, "b", status="running")
+    for r in (a, b):
+        repo.append_metrics(engine, r.id, [MetricPoint("val/acc", 421, 0.3, 1), MetricPoint("train/loss", 421, 2.0, 1)])
+    at = page("compare.py", ids=f"{a.id},{b.id}")
+    assert _figures(at)["val/acc"]["layout"]["xaxis"]["dtick"] == 1  # 420, 421, 422: never 421.5
+    at.segmented_control(key="cmp.xmode").set_value("epoch").run()
+    assert _figures(at)["val/acc"]["layout"]["xaxis"]["dtick"] == 1
+    at.segmented_control(key="cmp.group_by").set_value("tag").run()  # one band for the untagged runs
+    assert _figures(at)["val/acc"]["layout"]["xaxis"]["dtick"] == 1
+
+
+def test_a_train_loss_objective_is_summarised_from_its_per_epoch_values(page, engine):
+    """Runs monitoring train/loss: their objective's best, min, max and last are those of its per-epoch value
+    (train/epoch_loss, the catalog's stored key), never of the noisy per-step series."""
+    from db.types import MetricPoint
+
+    runs = []
+    for name, epochs in (("a", (2.0, 1.5)), ("b", (1.8, 1.2))):
+        r = seed_run(engine, name, status="running", spec={"train": {"epochs": 2, "early_stopping": {
+            "monitor": "train/loss"}}})
+        repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
+                            + [MetricPoint("train/epoch_loss", 3 * e, v, e) for e, v in enumerate(epochs, 1)])
+        repo.finish_run(engine, r.id, "completed", summary={"best": {"metric": "train/loss", "value": epochs[-1],
+                                                                      "epoch": 2}})
+        runs.append(r)
+    at = _tab(page("compare.py", ids=",".join(r.id for r in runs)), "Summary")
+    table = at.dataframe[0].value.set_index("run")
+    assert (table.loc["a", "objective"], table.loc["a", "best"], table.loc["a", "min"], table.loc["a", "max"],
+            table.loc["a", "last"]) == ("train/loss", 1.5, 1.5, 2.0, 1.5)  # not 0.01, 0.01, 9.0, 5.0
+    at.segmented_control(key="cmp.group_by").set_value("tag").run()
+    grouped = at.dataframe[0].value.iloc[0]
+    assert grouped["objective"] == "train/loss" and grouped["last"].startswith("1.3500 ± ")  # mean of 1.5 and 1.2

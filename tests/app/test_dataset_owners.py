@@ -1,4 +1,4 @@
-"""Datasets have owners: the uploader (or an admin) alone may delete one, enforced in app/datasets.py and
+"""Datasets have owners: the uploader (or an admin) alone may delete one, enforced in app/services/datasets.py and
 reflected on the Datasets page; a dataset uploaded before datasets had owners may be deleted by an admin only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from test_datasets_page import GOOD, make_zip
 
 from app import auth
-from app import datasets as ds
+from app.services import datasets as ds
 from db import repo
 
 ISSUER = "https://sso.example.com/realms/lab"

@@ -11,8 +11,8 @@ from PIL import Image
 from seeding import plotly_figures
 from test_datasets_page import GOOD, make_zip
 
-from app import builtin_datasets as builtin
-from app import datasets as ds
+from app.present import builtin_datasets as builtin
+from app.services import datasets as ds
 from db import repo
 
 
@@ -86,3 +86,25 @@ def test_digits_samples_grid_and_counts():
     assert image.size == (3 * 16 + 2, 10 * 16 + 9)
     assert list(counts) == [str(d) for d in range(10)] and sum(counts.values()) == 1797
     assert builtin.synthetic_counts(10, 3) == {"class_0": 4, "class_1": 3, "class_2": 3}
+
+
+def test_the_built_in_datasets_are_the_catalogs_with_its_figures(page, monkeypatch, tmp_path):
+    """A torchvision dataset added to core/catalog.py is listed, described and previewed like the others."""
+    from core import catalog
+
+    svhn = catalog.DatasetEntry("torchvision", ("train", "test"), 3, 32, 10, 99_289, "SVHN", "svhn", "train_32x32.mat")
+    monkeypatch.setitem(catalog.DATASETS, "svhn", svhn)
+    monkeypatch.setenv("TORCHDECK_DATA", str(tmp_path))
+    (tmp_path / "svhn").mkdir()
+    at = page("datasets.py")
+    table = at.dataframe[0].value.set_index("name")
+    assert list(table.index) == ["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "svhn"]  # no upload kind
+    assert dict(table.loc["svhn"]) == {"images": "99,289", "classes": "10", "size": "32×32 RGB", "available": True,
+                                       "source": f"torchvision, from {tmp_path / 'svhn'} (or data.download with internet)"}
+    assert dict(table.loc["mnist"])["size"] == "28×28 gray" and not table.loc["mnist", "available"]
+    assert dict(table.loc["digits"]) == {"images": "1,797", "classes": "10", "size": "8×8 gray", "available": True,
+                                         "source": "sklearn.datasets.load_digits (ships inside its package)"}
+    assert table.loc["synthetic", "images"] == "2,000 (data.num_samples)"
+    assert table.loc["synthetic", "size"] == "32×32 (data.size)"
+    at.selectbox(key="ds.builtin").set_value("svhn").run()
+    assert any(str(tmp_path / "svhn") in m.value and "It is there on this machine" in m.value for m in at.markdown)

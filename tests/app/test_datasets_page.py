@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from app import datasets as ds
+from app.services import datasets as ds
 from db import repo
 
 

@@ -1,4 +1,4 @@
-"""Export now is for the run's owner or an admin: app/jobs.export_now refuses anyone else before anything is
+"""Export now is for the run's owner or an admin: app/services/jobs.export_now refuses anyone else before anything is
 sent (a real Redis shows the queue stays empty), and the Run page leaves the form out for them, saying why.
 The files an export superseded stay listed on the Run page, with their links."""
 
@@ -10,7 +10,9 @@ import pytest
 from seeding import seed_run
 from streamlit.testing.v1 import AppTest
 
-from app import auth, jobs, services
+from app import auth
+from app.services import jobs
+from app.services.artifacts import artifact_store
 from db import repo
 
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
@@ -53,7 +55,7 @@ def test_a_non_owners_export_is_refused_and_nothing_is_queued(team, engine, brok
     with pytest.raises(auth.PermissionDenied, match=f"may not export run {bobs.id}"):
         jobs.export_now(bobs.id, ["onnx"], by=user(ANA), engine=engine)
     assert broker.llen("jobs") == 0 and broker.dbsize() == 0  # no message at all
-    assert services.artifact_store().list("jobs") == []
+    assert artifact_store().list("jobs") == []
     # The owner's and an admin's are sent (no jobs worker here: the answer says so after the pickup limit).
     monkeypatch.setenv(jobs.PICKUP_ENV, "0.5")
     for who in (BOB, ADMIN):

@@ -88,3 +88,23 @@ def test_unfollowing_stops_the_notices(page, engine):
     assert _toasts(at.run()) == []
     at.switch_page("app_pages/runs.py")
     assert _toasts(at.run()) == []
+
+
+def test_following_goes_through_the_service_and_a_run_deleted_meanwhile_is_said_to_be_gone(page, engine, monkeypatch):
+    from app.services import runs as services
+
+    r = seed_run(engine, "watched", status="running")
+    calls = []
+    for name in ("follow", "unfollow"):
+        real = getattr(services, name)
+        monkeypatch.setattr(services, name, lambda run_id, engine=None, *, by, _real=real, _name=name:
+                            calls.append((_name, run_id, by.id)) or _real(run_id, engine, by=by))
+    at = page("run.py", id=r.id)
+    at.button(key="run.follow").click().run()
+    at.button(key="run.follow").click().run()
+    me = local_user().id
+    assert calls == [("follow", r.id, me), ("unfollow", r.id, me)]
+    assert repo.followed(engine, me) == []
+    repo.delete_run(engine, r.id, force=True)  # deleted in another tab while this page still shows it
+    at.button(key="run.follow").click().run()
+    assert not at.exception and any("it may have been deleted" in e.value for e in at.error)

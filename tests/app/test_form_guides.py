@@ -6,8 +6,8 @@ matter wait, with their values, under "Not used", and stay in the spec that is v
 from __future__ import annotations
 
 import pytest
-from app import form_rules
-from app.schema import FIELDS, FIELD_PATHS
+from app.present import form_rules
+from app.present.form_schema import FIELDS, FIELD_PATHS
 from db import repo
 
 MAIN, ADVANCED, UNUSED = "in its section", "under Advanced", "under Not used"

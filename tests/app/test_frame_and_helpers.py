@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import charts, schema
+from app.present import figures as charts
+from app.present import form_schema as schema
 from core.config import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +32,29 @@ def test_sidebar_shows_activity_and_where_data_lives(page, engine):
     assert "0 running · 0 queued" in captions and "torchdeck.db" in captions
 
 
-def test_pages_and_helpers_load_without_torch():
+def test_each_page_is_defined_once_and_every_link_opens_it(page, engine):
+    """A page's file is named in one place (app/ui/frame.py's PAGES): the navigation, the links and the switches
+    read it; each page opens from it; a page reached by link only (an artifact's download) is kept out of the
+    navigation."""
+    import re
+
+    from app.ui import frame
+
+    files = sorted(p.name for p in (ROOT / "app" / "app_pages").glob("*.py"))
+    assert sorted(p.path.rsplit("/", 1)[1] for p in frame.PAGES) == files
+    for name in files:
+        written = [str(f.relative_to(ROOT)) for f in (ROOT / "app").rglob("*.py")
+                   for _ in re.finditer(rf"app_pages/{re.escape(name)}\b", f.read_text())]
+        assert written == ["app/ui/frame.py"], (name, written)
+    assert [p.title for p in frame.PAGES if p.hidden] == ["Artifact"]
+    at = page("runs.py")
+    for p in frame.PAGES:
+        at.switch_page(p.path)
+        assert not at.run().exception, p.path
     code = ("import sys, runpy; sys.argv=['x'];"
             "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.compare_view,"
-            " app.ui.frame, app.jobs, app.datasets, app.services, app.charts, app.schema;"
+            " app.ui.frame, app.services.jobs, app.services.datasets, app.services.runs, app.present.figures,"
+            " app.present.form_schema;"
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, "torch was imported by the dashboard: " + r.stderr[-2000:]

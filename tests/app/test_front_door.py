@@ -1,4 +1,4 @@
-"""The dashboard's front door (app/http_guard.py), on a real `torchdeck ui` with real HTTP requests and real
+"""The dashboard's front door (app/web/front_door.py), on a real `torchdeck ui` with real HTTP requests and real
 websocket handshakes:
 - local mode answers only this machine's names in Host and Origin, and TORCHDECK_ALLOWED_HOSTS's, on every
   route (a web page the user visits can point its own name at 127.0.0.1: DNS rebinding);
@@ -26,7 +26,7 @@ from streamlit_session import (
 )
 from websockets.exceptions import InvalidStatus
 
-from app import http_guard
+from app.web import front_door as http_guard
 from tests.e2e.conftest import serve_ui
 
 pytestmark = pytest.mark.timeout(300)

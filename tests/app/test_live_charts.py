@@ -8,8 +8,8 @@ import uuid
 
 from seeding import plotly_figures, seed_run
 
-from app.ui import live_series
-from app.ui.live_chart import RESENDS
+from app.live import series as live_series
+from app.live.chart import RESENDS
 from db import repo
 from db.types import MetricPoint
 

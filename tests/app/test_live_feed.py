@@ -1,4 +1,4 @@
-"""The live Run page's chart route (app/live_feed.py), over real HTTP requests against a real SQLite
+"""The live Run page's chart route (app/live/route.py), over real HTTP requests against a real SQLite
 database: a grant serves its run's charts, a frame that has them all waits for new points and gets
 only the charts that grew, an unknown grant is refused, and a finished run says so. Who may hold a grant and
 for how long: tests/app/test_live_grants.py (on a real dashboard); here the grants' sessions are all taken as
@@ -13,8 +13,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from app import live_feed
-from app.live_feed import HEADER, PATH, Grants
+from app.live import route as live_feed
+from app.live.route import HEADER, PATH, Grants
 from db import repo
 from db.types import MetricPoint
 from tests.app.seeding import seed_run

@@ -1,4 +1,4 @@
-"""Grants of the live charts' route (app/live_feed.py): who may use one, and for how long.
+"""Grants of the live charts' route (app/live/route.py): who may use one, and for how long.
 
 On a real `torchdeck ui`, a grant is what the Run page hands its chart frame in a real session (Streamlit's
 websocket): it is sent in the X-Torchdeck-Grant header (the route's path holds no token), it dies with its
@@ -31,8 +31,8 @@ from streamlit_session import (
     team_env,
 )
 
-from app import live_feed
-from app.live_feed import HEADER, PATH, Grants, Polls
+from app.live import route as live_feed
+from app.live.route import HEADER, PATH, Grants, Polls
 from tests.e2e.conftest import serve_ui
 
 pytestmark = pytest.mark.timeout(300)

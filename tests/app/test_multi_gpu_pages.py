@@ -9,8 +9,9 @@ from markdown_view import shown
 from seeding import seed_run
 from typer.testing import CliRunner
 
-from app import launch_hints, services
 from app.cli import app as cli
+from app.present import new_run_hints as launch_hints
+from app.services.broker import queue_status
 from db import repo
 from db.types import EventInput
 
@@ -122,11 +123,11 @@ def test_torchdeck_submit_stores_and_queues_a_four_gpu_run_and_warns_of_the_gap(
     assert f"warning: {NO_FOUR}" in done.output and START_FOUR in done.output
     run_id = done.output.strip().splitlines()[-1]
     assert repo.get_run(engine, run_id).status == "queued" and broker.llen("gpu-x4") == 1
-    assert services.queue_status("gpu-x4", engine).most_gpus == 1
+    assert queue_status("gpu-x4", engine).most_gpus == 1
 
 
 def test_doctor_names_the_multi_gpu_command_for_a_gpu_x_queue_nobody_consumes(engine):
-    from app.doctor import _queues_check
+    from app.cli.doctor import _queues_check
 
     _worker(engine, "gpu0@box/1-aa", ["gpu"])
     seed_run(engine, "ddp-4", status="queued", spec={"train": {"batch_size": 128}, "resources": {"gpus": 4}})

@@ -8,7 +8,8 @@ import pytest
 from markdown_view import shown
 from seeding import seed_run
 
-from app import launch_hints, services
+from app.present import new_run_hints as launch_hints
+from app.services.artifacts import artifact_root
 from db import repo
 from db.types import MetricPoint
 
@@ -26,7 +27,7 @@ def _said(at) -> str:
 def _with_checkpoint(engine, name: str = "teacher", model: str = "mlp"):
     """A finished run whose best checkpoint is a file under the artifact root, registered like a worker does."""
     run = seed_run(engine, name, spec={"model": {"name": model}}, epochs=2)
-    path = services.artifact_root() / "runs" / run.id / "checkpoints" / "best.pt"
+    path = artifact_root() / "runs" / run.id / "checkpoints" / "best.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not really a state_dict")
     repo.add_artifact(engine, run.id, "checkpoint_best", path.as_uri(), size=path.stat().st_size)

@@ -8,7 +8,7 @@ import json
 import pytest
 from seeding import error_beside, seed_run, widget
 
-from app.schema import FIELDS
+from app.present.form_schema import FIELDS
 from core.config import RunSpec
 from db import repo
 

@@ -11,7 +11,8 @@ from markdown_view import shown
 from seeding import DIGITS, seed_run
 from test_auth import ADMIN, ANA, BOB, claims, team, team_page, user  # noqa: F401 - `team` is a fixture
 
-from app import auth, services
+from app import auth
+from app.services.runs import set_notes, set_tags, submit
 from core.config import RunSpec
 from db import repo
 from db.types import MetricPoint
@@ -66,7 +67,21 @@ def test_a_refused_edit_says_why_and_changes_nothing(page, engine):
     assert stored.tags == ("keep",) and stored.notes == ""  # neither was written
     assert at.text_area(key=f"run.notes.{r.id}").proto.max_chars == 10_000  # the form stops at the limit…
     with pytest.raises(ValueError, match="notes are 10,001 characters long; the limit is 10,000"):
-        services.set_notes(r.id, "x" * 10_001, engine=engine, by=auth.local_user())  # …and the service too
+        set_notes(r.id, "x" * 10_001, engine=engine, by=auth.local_user())  # …and the service too
+
+
+def test_a_save_that_fails_half_way_changes_neither_tags_nor_notes(page, engine):
+    """Tags and notes are written in one transaction: the database refusing the notes leaves the tags too."""
+    r = seed_run(engine, "base", tags=("keep",))
+    with engine.begin() as conn:  # the notes' write fails at the database, after the tags' would have been written
+        conn.exec_driver_sql("CREATE TRIGGER no_notes BEFORE UPDATE OF notes ON run "
+                             "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
+    at = page("run.py", id=r.id)
+    at.text_input(key=f"run.tags.{r.id}").input("new-tag")
+    at.text_area(key=f"run.notes.{r.id}").input("new notes")
+    _click(at, "Save")
+    stored = repo.get_run(engine, r.id)
+    assert stored.tags == ("keep",) and stored.notes == ""  # the run as it was: neither half saved
 
 
 def test_in_team_mode_only_the_owner_or_an_admin_may_edit_tags_and_notes(team, engine):
@@ -78,15 +93,15 @@ def test_in_team_mode_only_the_owner_or_an_admin_may_edit_tags_and_notes(team, e
         at.text_area(key=f"run.notes.{r.id}")
     # …and the service refuses them, whatever a page shows.
     with pytest.raises(auth.PermissionDenied, match=rf"Ana \({ANA}\) may not tag run {r.id}: it belongs to "):
-        services.set_tags(r.id, ["hijacked"], engine=engine, by=user(ANA))
+        set_tags(r.id, ["hijacked"], engine=engine, by=user(ANA))
     with pytest.raises(auth.PermissionDenied, match=f"may not annotate run {r.id}"):
-        services.set_notes(r.id, "hijacked", engine=engine, by=user(ANA))
+        set_notes(r.id, "hijacked", engine=engine, by=user(ANA))
     assert repo.get_run(engine, r.id).tags == ("mine",) and repo.get_run(engine, r.id).notes == ""
     at = team_page("run.py", claims(BOB), id=r.id)
     at.text_area(key=f"run.notes.{r.id}").input("owner's note")
     _click(at, "Save")
     assert repo.get_run(engine, r.id).notes == "owner's note"
-    assert services.set_tags(r.id, ["reviewed"], engine=engine, by=user(ADMIN)).tags == ("reviewed",)
+    assert set_tags(r.id, ["reviewed"], engine=engine, by=user(ADMIN)).tags == ("reviewed",)
 
 
 # --- the Runs page: the filter expression, in the URL -----------------------------------------------------
@@ -204,9 +219,9 @@ def test_names_in_lineage_links_are_their_text(page, engine):
 # --- names ----------------------------------------------------------------------------------------------------
 def test_a_run_submitted_without_a_name_gets_a_readable_one(engine, broker):
     spec = RunSpec.model_validate({**DIGITS, "name": None, "model": {"name": "mlp"}, "device": "cpu"})
-    r = services.submit(spec, engine=engine)
+    r = submit(spec, engine=engine)
     assert r.name == f"digits-mlp-{r.id[:6]}"
-    assert services.submit(spec.model_copy(update={"name": "mine"}), engine=engine).name == "mine"
+    assert submit(spec.model_copy(update={"name": "mine"}), engine=engine).name == "mine"
 
 
 def test_the_readable_name_is_what_the_runs_page_shows(page, engine):

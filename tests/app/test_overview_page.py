@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pandas as pd
 import pytest
 import streamlit as st
 from seeding import seed_run
 from sqlalchemy import event, update
 
-from app.fmt import md_text
+from app.present.text import md_text
 from app.ui import overview_view
 from db import repo
 from db.engine import connection_scope
@@ -146,3 +147,28 @@ def test_a_refresh_costs_the_same_queries_for_two_runs_as_for_twelve(home, engin
     many, snap = selects()
     assert len(snap.running) == 12 and len(snap.attention) == 10
     assert many <= few + 1  # one more queue to ask about its workers, nothing per run
+
+
+def _element(at, first_column_values: set[str]):
+    """The st.dataframe element whose `run` column holds these names."""
+    return next(df for df in at.dataframe if "run" in df.value and first_column_values <= set(df.value["run"]))
+
+
+def test_a_run_without_a_validation_point_yet_shows_a_dash_not_none(page, engine):
+    seed_run(engine, "just-started", status="running", steps=5)  # training steps, no epoch ended yet
+    at = _open(page)
+    shown = _element(at, {"just-started"})
+    row = shown.value.set_index("run").loc["just-started"]
+    assert row["objective"] == "val/loss" and pd.isna(row["value"]) and pd.isna(row["best"])
+    assert shown.proto.placeholder == "–"  # what the table draws for them (Streamlit's default: "None")
+
+
+def test_a_train_loss_objective_reads_its_per_epoch_value_not_the_per_step_series(page, engine):
+    r = seed_run(engine, "by-train-loss", status="running", spec={"train": {"epochs": 3, "early_stopping": {
+        "monitor": "train/loss"}}})
+    repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
+                        + [MetricPoint("train/epoch_loss", 3, 2.0, 1), MetricPoint("train/epoch_loss", 6, 1.5, 2)])
+    row = _table(_open(page), {"by-train-loss"}).set_index("run").loc["by-train-loss"]
+    assert row["objective"] == "train/loss"
+    assert row["value"] == pytest.approx(1.5) and row["best"] == pytest.approx(1.5)  # epochs' means, not 5.0 / 0.01
+    assert list(row["objective curve"]) == pytest.approx([2.0, 1.5])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from seeding import seed_run
 
-from app import services
+from app.services.artifacts import ArtifactUnavailable, artifact_problem, open_artifact, read_artifact
 from db import repo
 
 TORCHDECK = str(Path(sys.executable).parent / "torchdeck")
@@ -120,11 +120,11 @@ def test_files_of_the_data_folder_outside_the_artifact_root_are_never_served(hom
     run = seed_run(engine, "r")
     for what, uri in _outside_artifacts(home, secrets_file).items():
         art = repo.add_artifact(engine, run.id, "checkpoint_best", uri, size=10)
-        with pytest.raises(services.ArtifactUnavailable, match="cannot be downloaded here"):
-            services.read_artifact(art.id, engine=engine)
-        with pytest.raises(services.ArtifactUnavailable, match="cannot be downloaded here"):
-            services.open_artifact(art.id, engine=engine)
-        assert services.artifact_problem(art) == "not on this machine nor in this installation's artifact store", what
+        with pytest.raises(ArtifactUnavailable, match="cannot be downloaded here"):
+            read_artifact(art.id, engine=engine)
+        with pytest.raises(ArtifactUnavailable, match="cannot be downloaded here"):
+            open_artifact(art.id, engine=engine)
+        assert artifact_problem(art) == "not on this machine nor in this installation's artifact store", what
 
 
 def test_artifacts_under_the_artifact_root_are_still_served(home, engine):
@@ -133,8 +133,8 @@ def test_artifacts_under_the_artifact_root_are_still_served(home, engine):
     onnx.parent.mkdir(parents=True)
     onnx.write_bytes(b"onnx-bytes")
     art = repo.add_artifact(engine, run.id, "onnx", onnx.as_uri(), size=10)
-    assert services.read_artifact(art.id, engine=engine) == b"onnx-bytes"
-    assert services.artifact_problem(art) is None
+    assert read_artifact(art.id, engine=engine) == b"onnx-bytes"
+    assert artifact_problem(art) is None
 
 
 def test_the_artifact_link_and_the_run_page_refuse_the_secrets_file(home, engine, secrets_file, page):

@@ -59,3 +59,58 @@ def test_a_degraded_run_says_its_record_may_be_incomplete(page, engine):
     repo.mark_degraded(engine, r.id, "the database did not store this run's metrics within 60 s at step 5")
     at = page("run.py", id=r.id)
     assert any("Incomplete record: the database did not store" in w.value for w in at.warning)
+
+
+# --- `torchdeck submit` right after `make up` ------------------------------------------------------------------
+def _submit(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "early", "data": {"name": "digits"}, "device": "cpu"}))
+    return CliRunner().invoke(cli, ["submit", str(spec)])
+
+
+def _fresh_stack(home, broker_url: str, age_s: float = 0.0) -> None:
+    """What `torchdeck up` leaves as it starts: the private broker's URL under TORCHDECK_HOME (its workers register
+    a few seconds later)."""
+    import os
+    import time
+
+    recorded = home / "broker.url"
+    recorded.write_text(broker_url)
+    os.utime(recorded, (time.time() - age_s, time.time() - age_s))
+
+
+def test_submit_right_after_up_waits_for_the_workers_to_register(engine, broker, home, redis_url, tmp_path):
+    import threading
+
+    _fresh_stack(home, redis_url)
+    late = threading.Timer(2.0, _worker, (engine, "cpu@laptop/1-aa", ["gpu", "cpu"]))  # registers 2 s later
+    late.start()
+    try:
+        done = _submit(tmp_path)
+    finally:
+        late.cancel()
+    assert done.exit_code == 0, done.output
+    assert "waiting up to 15 s for the workers of the stack just started" in done.output
+    assert "queue 'cpu' is served by 1 live worker(s): cpu@laptop/1-aa on host-a" in done.output
+    assert "warning" not in done.output and done.output.strip().splitlines()[-1] == repo.list_runs(engine).runs[0].id
+
+
+def test_submit_waits_a_bounded_time_and_only_on_a_fresh_stack(engine, broker, home, redis_url, tmp_path, monkeypatch):
+    import time
+
+    from app.services import broker as broker_service
+
+    monkeypatch.setattr(broker_service, "WORKERS_WAIT_S", 1.0)
+    _fresh_stack(home, redis_url)
+    began = time.monotonic()
+    done = _submit(tmp_path)  # nobody comes: the warning, after the wait
+    assert "waiting up to 1 s" in done.output and "warning: no live worker serves the 'cpu' queue" in done.output
+    assert 1.0 <= time.monotonic() - began < 30
+    _fresh_stack(home, redis_url, age_s=3600)  # a stack up for an hour: its workers would be there by now
+    done = _submit(tmp_path)
+    assert "waiting" not in done.output and "warning: no live worker serves the 'cpu' queue" in done.output

@@ -11,7 +11,8 @@ import pytest
 import streamlit as st
 from seeding import plotly_figures, seed_evaluation, seed_run
 
-from app.ui import live_series, run_charts
+from app.live import series as live_series
+from app.ui import run_charts
 from db import repo
 from db.types import MetricPoint
 
@@ -54,6 +55,24 @@ def test_finished_run_shows_status_best_and_charts_by_step_and_epoch(page, engin
     val = _trace(_figures(at)["Loss"], "val/loss")
     assert val["x"] == pytest.approx([1, 2, 3, 4])
     assert _figures(at)["Loss"]["layout"]["uirevision"] == f"{r.id}:Loss:epoch"
+
+
+def _whole(axis: dict) -> bool:
+    """Ticks on whole numbers only: one a step (or an epoch), or Plotly's own spacing, never 421.5."""
+    return axis.get("tickformat") == "d" or axis.get("dtick") == 1
+
+
+def test_a_chart_of_one_point_has_whole_steps_and_epochs_on_its_axis(page, engine):
+    r = seed_run(engine, "first-epoch", status="running", steps=420)
+    repo.append_metrics(engine, r.id, [MetricPoint("val/acc", 421, 0.31, 1), MetricPoint("val/loss", 421, 1.9, 1)])
+    at = page("run.py", id=r.id)
+    axis = _figures(at)["Accuracy"]["layout"]["xaxis"]
+    assert axis["dtick"] == 1 and axis["tickformat"] == "d"  # 420, 421, 422: not 421, 421.5, 422
+    assert _whole(_figures(at)["Loss"]["layout"]["xaxis"])  # 420 steps: Plotly spaces them, on whole steps
+    at.segmented_control(key="run.xmode").set_value("epoch").run()
+    assert _figures(at)["Accuracy"]["layout"]["xaxis"]["dtick"] == 1  # epoch 1: one tick an epoch
+    at.segmented_control(key="run.xmode").set_value("time").run()
+    assert not _whole(_figures(at)["Accuracy"]["layout"]["xaxis"])  # seconds: fractions are fine
 
 
 def test_running_run_fetches_only_new_points(page, engine, monkeypatch):

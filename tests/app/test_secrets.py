@@ -22,7 +22,7 @@ import pytest
 import yaml
 from seeding import free_port, seed_run
 
-from app import services
+from app.services.runs import submit
 from core.config import RunSpec
 from db import repo
 from db.types import EventInput
@@ -92,7 +92,7 @@ def unreachable(home, monkeypatch) -> str:
 
 def _failed_submit(engine, caplog) -> tuple[repo.RunRecord, str]:
     with caplog.at_level(logging.DEBUG), pytest.raises(RuntimeError) as e:
-        services.submit(RunSpec.model_validate(TINY), engine=engine)
+        submit(RunSpec.model_validate(TINY), engine=engine)
     (run,) = repo.list_runs(engine).runs
     return repo.get_run(engine, run.id), str(e.value)
 
@@ -218,7 +218,7 @@ def test_a_stack_on_a_broker_with_a_password_runs_without_ever_showing_it(redis_
                                    "-l", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         with caplog.at_level(logging.DEBUG):
-            run = services.submit(RunSpec.model_validate(TINY), engine=engine)
+            run = submit(RunSpec.model_validate(TINY), engine=engine)
         deadline = time.monotonic() + 600
         while (run := repo.get_run(engine, run.id)).status not in ("completed", "early_stopped", "failed", "diverged"):
             assert worker.poll() is None, log_path.read_text()[-3000:]

@@ -180,6 +180,44 @@ def test_runs_page_grouped_pages_rows_in_the_database(page, engine):
     assert list(at.dataframe[0].value["name"])[-1] == "run-000"
 
 
+def test_runs_page_grouped_costs_the_same_queries_for_three_rows_as_for_twelve(page, engine):
+    """The rows' runs and sweeps are read for the whole page at once, not with a query or two per row."""
+    import streamlit as st
+    from sqlalchemy import event
+
+    from app.ui import queries
+
+    def selects() -> tuple[int, int]:
+        st.cache_data.clear()
+        seen = []
+        count = lambda *a: seen.append(a[2]) if a[2].lstrip().upper().startswith("SELECT") else None  # noqa: E731
+        shared = queries.engine()  # the pages' engine: one per database URL for the process
+        event.listen(shared, "before_cursor_execute", count)
+        try:
+            at = page("runs.py")
+            at.toggle(key="runs.group").set_value(True).run()
+            seen.clear()
+            st.cache_data.clear()
+            at.run()  # one refresh of the grouped page, nothing cached
+        finally:
+            event.remove(shared, "before_cursor_execute", count)
+        assert not at.exception
+        return len(seen), len(at.dataframe[0].value)
+
+    _sweep(engine)
+    _seed_group(engine)
+    seed_run(engine, "lone")
+    few, rows = selects()
+    assert rows == 3
+    for i in range(3):
+        _sweep(engine, f"search-{i}")
+        _seed_group(engine, f"group-{i}")
+        seed_run(engine, f"lone-{i}")
+    many, rows = selects()
+    assert rows == 12
+    assert many == few, (few, many)  # nothing per row
+
+
 # --- Run -------------------------------------------------------------------------------------------------
 def test_run_page_links_its_sweep_and_seed_group(page, engine):
     sweep, runs = _sweep(engine)

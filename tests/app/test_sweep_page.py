@@ -13,7 +13,7 @@ from seeding import plotly_figures
 from sweep_seeding import seed_sweep
 from test_auth import ADMIN, ANA, BOB, claims, team, team_page, user  # noqa: F401 - `team` is a fixture
 
-from app.fmt import md_text
+from app.present.text import md_text
 from app.ui import sweep_view
 from db import repo
 

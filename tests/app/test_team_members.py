@@ -7,7 +7,8 @@ from __future__ import annotations
 from seeding import seed_run
 from test_auth import ANA, BOB, ISS, claims, team, team_page  # noqa: F401 - `team` is a fixture
 
-from app import auth, fmt
+from app import auth
+from app.present import text as fmt
 from db import repo
 
 
@@ -77,13 +78,13 @@ def test_a_sign_in_older_than_the_limit_is_renewed_before_any_data(team, engine,
 def test_an_account_without_a_verified_e_mail_cannot_pass_for_someone_else(team, engine):
     """A name is whatever one types at the provider: `Bob (bob@example.com)` typed as a name is shown marked
     unverified, with a tag of its key, never as Bob's own label."""
-    from app import services
+    from app.services.owners import owner_labels
 
     bob = auth.user_from_claims({"is_logged_in": True, **claims(BOB)})
     mimic = {"is_logged_in": True, "iss": ISS, "sub": "mimic", "name": f"Bob ({BOB})"}
     fake = auth.user_from_claims(mimic)
     repo.upsert_account(engine, bob.id, bob.name, bob.email)
     repo.upsert_account(engine, fake.id, fake.name, fake.email)
-    labels = services.owner_labels([bob.id, fake.id], engine)
+    labels = owner_labels([bob.id, fake.id], engine)
     assert labels[bob.id] == f"Bob ({BOB})"
     assert labels[fake.id].startswith(f"Bob ({BOB}) (unverified ") and labels[fake.id] != labels[bob.id]

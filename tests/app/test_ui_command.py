@@ -1,8 +1,8 @@
-"""The dashboard's server options (app.launcher.ui_command): what `torchdeck up` and `torchdeck ui` serve."""
+"""The dashboard's server options (app.cli.processes.ui_command): what `torchdeck up` and `torchdeck ui` serve."""
 
 from __future__ import annotations
 
-from app.launcher import ui_command
+from app.cli.processes import ui_command
 
 
 def _options(cmd: list[str]) -> dict[str, str]:

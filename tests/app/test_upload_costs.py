@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 from streamlit.delta_generator import DeltaGenerator
 
-from app import dataset_previews, zip_directory
-from app import datasets as ds
+from app.services import dataset_previews, zip_directory
+from app.services import datasets as ds
 from db import repo
 
 # --- the zip's directory ----------------------------------------------------------------------------------

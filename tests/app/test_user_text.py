@@ -1,4 +1,4 @@
-"""User text in Markdown and charts (app.fmt.md_text, code_span, plot_text): whatever a run's name, a tag,
+"""User text in Markdown and charts (app.present.text.md_text, code_span, plot_text): whatever a run's name, a tag,
 a class name or a message holds, it renders back to exactly itself, with no markup and nothing that
 Streamlit's frontend would turn into a link, an emoji, an icon or an arrow."""
 
@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from markdown_view import JOINER, shown
 
-from app.fmt import code_span, md_text, plot_text
+from app.present.text import code_span, md_text, plot_text
 
 # Every character Markdown, GFM, Streamlit or HTML give a meaning, and the words of the rewritten patterns.
 MARKUP = list("\\`*_{}[]()#+-.!|<>~$:&=@/\"'%^;?,") + [" ", "\t", "\n", "\r", "\r\n", "\0", "\ufeff", "\x0c",

@@ -12,7 +12,7 @@ import torch
 import torchvision
 from torch import nn
 
-from app import form_rules
+from app.present import form_rules
 from core import catalog
 from core.catalog import DATASETS, METRICS, MODEL_NAMES, MODELS
 from core.config import ModelSpec, RunSpec, SpecError

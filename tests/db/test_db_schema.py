@@ -9,7 +9,7 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
-from app.cli_db import db_app
+from app.cli.db import db_app
 from db import repo
 from db.engine import make_engine, normalize_url
 from db.errors import SchemaOutOfDate

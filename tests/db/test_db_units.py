@@ -29,3 +29,15 @@ def test_rows_are_sweeps_groups_and_runs_paged_and_sorted(engine) -> None:
     within = repo.list_units(engine, sweep_id=sweep.id, sort="metric:val/acc")
     assert [(u.kind, u.runs) for u in within.units] == [("run", 1), ("seed group", 2)]
     assert repo.list_units(engine, owner="bo", text="rep").runs == 3
+
+
+def test_a_pages_rows_get_their_runs_and_sweeps_at_once(engine) -> None:
+    sweep, trial, other, group, seeds, alone = _runs(engine)
+    page = repo.list_units(engine, sort="metric:val/acc", limit=10)
+    gone = repo.Unit("run", "no-such-run", 1)
+    found = repo.members(engine, [*page.units, gone])
+    assert [[r.id for r in runs] for runs in found.runs.values()] == [
+        [trial[0].id, trial[1].id, other[0].id], [s.id for s in seeds], [alone.id]]  # by trial, oldest first
+    assert gone not in found.runs and list(found.sweeps) == [sweep.id] and found.sweeps[sweep.id].name == "lr sweep"
+    within = repo.list_units(engine, sweep_id=sweep.id, sort="metric:val/acc").units
+    assert [len(runs) for runs in repo.members(engine, within).runs.values()] == [1, 2]

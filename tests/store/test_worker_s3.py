@@ -14,7 +14,8 @@ import time
 import pytest
 from sqlalchemy import update
 
-from app import services
+from app.services.artifacts import read_artifact
+from app.services.runs import remove
 from core.config import RunSpec
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -77,7 +78,7 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
     assert (tmp_path / "host-b" / "artifacts" / "runs" / run_id / "checkpoints" / "last.pt").is_file()
     last = [a for a in list_artifacts(engine, run_id) if a.kind == "checkpoint_last"][-1]
     assert last.meta.get("epoch") == 2 and last.uri.startswith(s3_artifacts.url)
-    assert hashlib.sha256(services.read_artifact(last.id, engine=engine)).hexdigest() == last.sha256
+    assert hashlib.sha256(read_artifact(last.id, engine=engine)).hexdigest() == last.sha256
 
     arts = {a.kind: a for a in list_artifacts(engine, run_id)}
     assert {"onnx", "export_report", "bundle", "checkpoint_last", "checkpoint_best", "sample_grid"} <= set(arts)
@@ -88,7 +89,7 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
     assert {f"runs/{run_id}/{k}" for k in ("export/model.onnx", "export/export.json", "export/bundle.zip",
                                            "checkpoints/last.pt", "checkpoints/best.pt", "samples.png")} <= set(keys), keys
     # Downloaded through the app's service, by opaque id only: the very bytes that were registered.
-    data = services.read_artifact(arts["onnx"].id, engine=engine)
+    data = read_artifact(arts["onnx"].id, engine=engine)
     assert len(data) == arts["onnx"].size and hashlib.sha256(data).hexdigest() == arts["onnx"].sha256
     import onnx
 
@@ -97,11 +98,11 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
     assert arts["onnx"].meta.get("ok") is True  # the parity report travels with it
     # Deleting the run deletes its files in the bucket.
     kwargs = {}
-    if "by" in inspect.signature(services.remove).parameters:  # sign-in and ownership (app.auth)
+    if "by" in inspect.signature(remove).parameters:  # sign-in and ownership (app.auth)
         from app.auth import local_user
 
         kwargs["by"] = local_user()
-    services.remove(run_id, engine=engine, **kwargs)
+    remove(run_id, engine=engine, **kwargs)
     assert s3_artifacts.keys(f"runs/{run_id}/") == []
     engine.dispose()
 

@@ -153,7 +153,7 @@ def test_seeds_make_groups_and_the_best_is_their_mean(engine) -> None:
 
 
 def repeat(engine, run, k: int) -> list:
-    """What app.sweeps.repeat_with_seeds stores once its gate admitted the specs (tests/app test the gate)."""
+    """What app.services.sweeps.repeat_with_seeds stores once its gate admitted the specs (tests/app test the gate)."""
     specs, group_id = control.repeat_specs(engine, run, k)
     made = repo.create_runs(engine, [(s.model_dump(mode="json"), s.name) for s in specs], owner="bo",
                             parent_id=run.id, group_id=group_id)

@@ -30,7 +30,7 @@ def doctor(env: dict[str, str]) -> tuple[int, str]:
 def doctor_here(monkeypatch):
     """The same checks in this process (no 3 s interpreter start on a busy 2-core machine): the
     exit status and the lines the command would print."""
-    from app.doctor import run_checks
+    from app.cli.doctor import run_checks
 
     def run(env: dict[str, str]) -> tuple[int, str]:
         for k in list(os.environ):

@@ -146,13 +146,14 @@ def test_compose_services_run_natively_and_a_run_completes(deployment, monkeypat
     for k, v in services.env("app").items():
         if k.startswith(("TORCHDECK_", "AWS_")):
             monkeypatch.setenv(k, v)
-    from app import services as app_services
+    from app.services.artifacts import read_artifact
+    from app.services.runs import submit
     from core.config import RunSpec
     from db.engine import make_engine
     from db.repo import get_run, list_artifacts
 
     engine = make_engine(values["TORCHDECK_DATABASE_URL"])
-    run = app_services.submit(RunSpec.from_dict(RUN), owner="alice@example.com", engine=engine)
+    run = submit(RunSpec.from_dict(RUN), owner="alice@example.com", engine=engine)
 
     assert "8501" in s["app"]["command"]  # the container's port; a free one here
     port = free_port()
@@ -177,7 +178,7 @@ def test_compose_services_run_natively_and_a_run_completes(deployment, monkeypat
     onnx = [a for a in list_artifacts(engine, run.id) if a.kind == "onnx"]
     assert len(onnx) == 1, list_artifacts(engine, run.id)
     assert onnx[0].uri.startswith(values["TORCHDECK_ARTIFACTS"] + "/")  # in the bucket, not on a host's disk
-    data = app_services.read_artifact(onnx[0].id, engine=engine)
+    data = read_artifact(onnx[0].id, engine=engine)
     assert len(data) == onnx[0].size
     import hashlib
 

@@ -3,7 +3,7 @@ templated to free ports and a throwaway certificate, `torchdeck ui` behind it. I
 deployment: sign-in) the page, its assets, the health endpoint and Streamlit's websocket
 (/_stcore/stream: upgrade, then a whole script run streamed back) work through the proxy, and HTTP
 redirects to HTTPS. In local mode (no sign-in) the dashboard refuses every request that came through
-the proxy (its front door, app/http_guard.py, before any page or file), in a real Chromium, while it still
+the proxy (its front door, app/web/front_door.py, before any page or file), in a real Chromium, while it still
 answers this machine directly."""
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import app.launcher as launcher
+import app.cli.processes as launcher
 from app.auth import local_user
 from app.cli import app as cli
-from app.cli_runs import _up_workers, _worker_commands
-from app.launcher import check_cpu_workers, cpu_threads, worker_commands
-from app.services import cancel
+from app.cli.processes import check_cpu_workers, cpu_threads, worker_commands
+from app.cli.runs import _up_workers, _worker_commands
+from app.services.runs import cancel
 from db.repo import get_run
 from tests.worker.conftest import ROOT, wait_for
 

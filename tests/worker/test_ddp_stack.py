@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from app.auth import local_user
-from app.services import cancel
+from app.services.runs import cancel
 from db.repo import list_events
 from tests.worker.conftest import _live_spawned, wait_for
 from tests.worker.test_stack import _steps

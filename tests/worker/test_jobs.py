@@ -1,5 +1,5 @@
 """The dashboard's torch jobs on the `jobs` queue (worker/jobs.py), as team mode runs them: the app asks by task
-name (app/jobs.py), `torchdeck worker --queues cpu`
+name (app/services/jobs.py), `torchdeck worker --queues cpu`
 (a run worker plus its host's jobs worker) against a real Redis, the app and the workers with their own
 TORCHDECK_HOME and one shared artifact folder (the compose file's `artifacts` volume), SQLite shared."""
 
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app import jobs, services
 from app.auth import local_user
+from app.services import jobs
+from app.services.artifacts import artifact_store, latest_by_kind, read_artifact
+from app.services.runs import submit
 from core.config import RunSpec
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -61,7 +63,7 @@ def team(tmp_path_factory, redis_server):
                 assert proc.poll() is None and time.monotonic() < deadline, (root / "worker.log").read_text()[-3000:]
                 time.sleep(0.3)
             # Trains while the pre-flight test runs: the jobs worker does not wait behind the run worker.
-            run_id = services.submit(RunSpec.model_validate(TINY), engine=engine).id
+            run_id = submit(RunSpec.model_validate(TINY), engine=engine).id
             yield {"engine": engine, "run_id": run_id, "root": root}
         finally:
             proc.send_signal(signal.SIGTERM)  # `torchdeck worker` stops its whole group
@@ -89,7 +91,7 @@ def test_preflight_on_the_jobs_worker_returns_shapes_and_the_grid(team):
     assert result["shapes"] and "[10]" in str(result["shapes"])
     assert result["data"]["name"] == "digits" and result["model"]["parameters"] > 0
     assert result["grid"] and result["grid"].startswith(PNG)
-    assert not services.artifact_store().list("jobs")  # the answer is removed once read
+    assert not artifact_store().list("jobs")  # the answer is removed once read
 
 
 def _completed(team) -> str:
@@ -108,9 +110,9 @@ def test_export_now_on_the_jobs_worker_registers_a_verified_onnx(team):
     assert not [a for a in list_artifacts(engine, run_id) if a.kind == "onnx"]
     ok, output = jobs.export_now(run_id, ["onnx"], by=local_user())
     assert ok and "onnx verified" in output, (output, _logs(team["root"]))
-    onnx = services.latest_by_kind(list_artifacts(engine, run_id))["onnx"]
+    onnx = latest_by_kind(list_artifacts(engine, run_id))["onnx"]
     assert onnx.meta.get("ok") is True and onnx.meta.get("parity")
-    data = services.read_artifact(onnx.id, engine)  # by its opaque id, as the download button does
+    data = read_artifact(onnx.id, engine)  # by its opaque id, as the download button does
     assert len(data) == onnx.size and hashlib.sha256(data).hexdigest() == onnx.sha256
     import onnx as onnx_lib
 
@@ -124,15 +126,15 @@ def test_exporting_again_never_changes_an_earlier_exports_files(team):
     engine, run_id = team["engine"], _completed(team)
     ok, output = jobs.export_now(run_id, ["onnx", "torchscript"], by=local_user())
     assert ok and "exports/" in output, (output, _logs(team["root"]))
-    first = services.latest_by_kind(list_artifacts(engine, run_id))
+    first = latest_by_kind(list_artifacts(engine, run_id))
     first = {k: first[k] for k in ("onnx", "torchscript", "export_report", "bundle")}
-    before = {k: services.read_artifact(a.id, engine) for k, a in first.items()}
+    before = {k: read_artifact(a.id, engine) for k, a in first.items()}
     ok, output = jobs.export_now(run_id, ["onnx"], "last", by=local_user())
     assert ok, (output, _logs(team["root"]))
-    latest = services.latest_by_kind(list_artifacts(engine, run_id))
+    latest = latest_by_kind(list_artifacts(engine, run_id))
     for kind, a in first.items():
         assert get_artifact(engine, a.id) == a
-        data = services.read_artifact(a.id, engine)
+        data = read_artifact(a.id, engine)
         assert data == before[kind] and hashlib.sha256(data).hexdigest() == a.sha256
     assert {latest[k].id for k in ("onnx", "export_report", "bundle")}.isdisjoint(a.id for a in first.values())
     assert latest["onnx"].uri != first["onnx"].uri and latest["torchscript"] == first["torchscript"]

@@ -12,8 +12,8 @@ import pytest
 import redis
 import typer
 
-from app.cli_runs import _up_workers, _worker_commands
-from app.launcher import worker_commands
+from app.cli.processes import worker_commands
+from app.cli.runs import _up_workers, _worker_commands
 from core.names import RUN_TASK
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -69,7 +69,7 @@ def test_multi_gpu_refuses_what_it_cannot_serve():
 
 
 def test_the_cli_passes_multi_gpu_and_up_lets_its_one_worker_take_multi_gpu_runs(monkeypatch):
-    import app.launcher as launcher
+    import app.cli.processes as launcher
 
     (cmd, env), = _worker_commands("0,1,2,3", None, None, True)
     assert _node(cmd) == "gpu0-3@%h" and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"

@@ -13,7 +13,7 @@ import redis
 from sqlalchemy import func, select
 
 from app.auth import local_user
-from app.services import remove
+from app.services.runs import remove
 from db.models import Metric
 from db.repo import RunNotFound, RunStillActive, delete_run, get_run, list_events, list_workers
 from tests.worker.conftest import wait_for

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from app.auth import local_user
-from app.services import cancel
+from app.services.runs import cancel
 from db.repo import get_run, list_artifacts, list_events, list_runs, list_workers, metric_keys
 from tests.worker.conftest import ROOT, RUN, pg_ctl, wait_for
 

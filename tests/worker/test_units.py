@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.launcher import worker_commands
+from app.cli.processes import worker_commands
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.repo import claim_run, create_run, get_run, list_events

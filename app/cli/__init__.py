@@ -1,20 +1,22 @@
-"""The `torchdeck` command line. Commands that train or export import `core` lazily,
-so `torchdeck --help` and the database/queue commands start without torch."""
+"""The `torchdeck` command line (the console script `torchdeck = app.cli:main`, and `python -m app.cli`): the
+typer app, with `train`, `validate` and `export` here and the other commands in this package: runs.py (submit,
+status, watch, cancel, runs, worker, up, ui), sweep.py, db.py and doctor.py. console.py is `train`'s progress
+bar; processes.py starts the workers, the private Redis and the dashboard. Commands that train or export import
+`core` lazily, so `torchdeck --help` and the database/queue commands start without torch."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.cli_db import db_app
-from app.cli_runs import load_spec_or_exit as _load
-from app.cli_runs import register as register_run_commands
-from app.cli_sweep import sweep as sweep_command
-from app.doctor import doctor
+from app.cli.db import db_app
+from app.cli.doctor import doctor
+from app.cli.runs import load_spec_or_exit as _load
+from app.cli.runs import register as register_run_commands
+from app.cli.sweep import sweep as sweep_command
 from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
 from core.redact import redact_logs
 
@@ -30,7 +32,7 @@ def train(
 ) -> None:
     """Train locally from a YAML spec, with a progress bar; no database, broker or UI needed."""
     run_spec = _load(spec, overrides)
-    from app.console import ConsoleSink
+    from app.cli.console import ConsoleSink
     from core.events import JsonlSink, MultiSink
     from core.train import run_training
 
@@ -102,7 +104,3 @@ app.command("doctor")(doctor)
 def main() -> None:
     redact_logs()
     app(prog_name="torchdeck")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,7 @@ def load_spec_or_exit(spec_path: Path, overrides: list[str]):
 
 
 def _engine():
-    from app.services import get_engine
+    from app.services.broker import get_engine
     from db.migrate import check_schema
     from db.repo import SchemaOutOfDate
 
@@ -67,7 +67,8 @@ def submit(
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
     and the broker's credentials, as an operator: it is not signed in."""
-    from app.services import run_queue, submit as do_submit
+    from app.services.broker import run_queue
+    from app.services.runs import submit as do_submit
 
     run_spec = load_spec_or_exit(spec, overrides)
     try:
@@ -92,10 +93,16 @@ def cli_owner() -> str:
 
 
 def _say_who_serves(queue: str) -> None:
-    from app.services import queue_status
+    """Which live workers serve the run's queue, or a warning that none does. Right after `make up` (`torchdeck
+    up`), whose workers register a few seconds after it starts, it waits for them a moment first, and says so."""
+    from app.services.broker import queue_status_after_start
+
+    def say_waiting(seconds: float) -> None:
+        typer.echo(f"no live worker serves '{queue}' yet: waiting up to {seconds:.0f} s for the workers of the "
+                   "stack just started to register…", err=True)
 
     try:
-        waiting = queue_status(queue, _engine())
+        waiting = queue_status_after_start(queue, _engine(), waiting=say_waiting)
     except Exception as e:  # noqa: BLE001 - the run is queued; this is advice only
         typer.secho(f"could not list the workers: {e}", fg="yellow", err=True)
         return
@@ -140,7 +147,7 @@ def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds bet
 def cancel(run_id: str) -> None:
     """Cancel a run: a queued one never starts; a running one stops between steps, checkpoint kept."""
     from app.auth import local_user
-    from app.services import cancel as do_cancel
+    from app.services.runs import cancel as do_cancel
 
     _get(run_id)
     # A shell with the database's credentials is the operator's: the CLI acts as an admin.
@@ -185,7 +192,7 @@ def worker(
     """Start Celery workers: one solo-pool process per GPU (CUDA_VISIBLE_DEVICES pinned), or one owning all of
     --gpus for multi-GPU runs (--multi-gpu), or --workers CPU workers, plus one small worker for the dashboard's
     jobs (pre-flight, export now)."""
-    from app.launcher import ProcessGroup, jobs_worker_command
+    from app.cli.processes import ProcessGroup, jobs_worker_command
 
     qs = [q.strip() for q in queues.split(",")] if queues else None
     commands = _worker_commands(gpus, qs, workers, multi_gpu)  # refuses before anything starts
@@ -207,7 +214,7 @@ def worker(
 def _worker_commands(gpus: str | None, qs: list[str] | None, workers: int | None, multi_gpu: bool = False):
     """The worker processes of `torchdeck worker`; exit 2 with the reason when --workers or --multi-gpu does not
     fit. `--queues cpu --workers N` without --gpus asks for CPU workers, even on a GPU host."""
-    from app.launcher import gpu_count, worker_commands
+    from app.cli.processes import gpu_count, worker_commands
 
     if gpus:
         gpu_list = [int(g) for g in gpus.split(",")]
@@ -250,13 +257,13 @@ def up(
 ) -> None:
     """Embedded mode: a private Redis, one local worker (or --workers CPU workers) and the UI, with SQLite
     under TORCHDECK_HOME."""
-    from app.launcher import (
+    from app.cli.processes import (
         ProcessGroup,
         jobs_worker_command,
         start_private_redis,
         ui_command,
     )
-    from app.services import spec_of
+    from app.services.runs import spec_of
     from db.engine import data_home
     from db.migrate import upgrade
     from db.repo import list_runs
@@ -298,7 +305,7 @@ def up(
 def _up_workers(workers: int) -> tuple[list, str]:
     """The local workers of `torchdeck up` (queues gpu and cpu) and the line that describes them; exit 2 with
     the reason when --workers does not fit. A GPU machine runs one local worker, which sees every GPU."""
-    from app.launcher import gpu_count, worker_commands
+    from app.cli.processes import gpu_count, worker_commands
     from core.names import multi_gpu_queues
 
     gpus = gpu_count()
@@ -330,7 +337,7 @@ def _ui_command(ui_command, home: Path, port: int) -> list[str]:
 def ui(port: Annotated[int, typer.Option(help="UI port.")] = 8501) -> None:
     """The dashboard alone (the `app` service of a team deployment): local mode serves 127.0.0.1 only;
     TORCHDECK_MODE=team requires sign-in (TORCHDECK_OIDC_*) and listens on TORCHDECK_UI_ADDRESS (default 0.0.0.0)."""
-    from app.launcher import ui_command
+    from app.cli.processes import ui_command
     from db.engine import data_home
 
     home = data_home().resolve()
@@ -342,7 +349,7 @@ def ui(port: Annotated[int, typer.Option(help="UI port.")] = 8501) -> None:
 def _requeue_queued(list_runs, spec_of) -> None:
     """The private broker starts empty: queued runs (the database is the truth) are enqueued again.
     A run delivered twice still runs once (atomic claim)."""
-    from app.services import enqueue, get_engine
+    from app.services.broker import enqueue, get_engine
 
     page = list_runs(get_engine(), status=list(CLAIMABLE_STATUSES), limit=1000)
     for r in page.runs:

@@ -19,7 +19,7 @@ A live page refreshes several times a second, so each refresh costs as little as
 - the browser redraws a changed chart when it is on screen, and an off-screen one when it scrolls
   into view, within a budget (a token bucket: DRAW_SHARE of its time, BURST_MS saved for a chart that
   grows now and then); a background tab draws nothing;
-- given a `feed` (the Run page of a running run, served with app/live_feed.py's route: its path and a
+- given a `feed` (the Run page of a running run, served with app/live/route.py's route: its path and a
   grant), the frame asks that route for what changed itself, one long poll at a time and only when its
   budget could draw the answer: no page rerun per new point. The grant travels in a request header.
 """
@@ -137,7 +137,7 @@ function askAgain() {  // a rerun of the charts with every figure (a new compone
 }
 let theme = {}, feed = null, polling = false;  // feed: {url, grant} of the live route, or null
 const sleep = (ms) => new Promise(r => setTimeout(r, ms));
-// A running run's charts come from the dashboard's live route (app/live_feed.py) instead of page reruns:
+// A running run's charts come from the dashboard's live route (app/live/route.py) instead of page reruns:
 // one long poll at a time, none while the tab is hidden or a redraw is still waiting for its budget. The grant
 // goes in a header, never in the URL (which proxies and browsers log).
 async function poll() {
@@ -277,7 +277,7 @@ def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns:
     """Draw the charts in a grid of `columns`; later calls with the same key update the same charts in
     place (matched by title), sending a figure with the next RESENDS refreshes after it changed and by
     its stamp only after that. With `feed` ({"path": the dashboard's live route, "grant": a grant of it; see
-    app/live_feed.py}) the frame itself keeps the charts up to date from there, without any page rerun."""
+    app/live/route.py}) the frame itself keeps the charts up to date from there, without any page rerun."""
     charts = [c if isinstance(c, Chart) else chart(*c) for c in figures]
     state = st.session_state
     sent_key, need_key = f"{key}.sent", f"{key}.need"

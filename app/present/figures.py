@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import plotly.graph_objects as go
 
-from app.fmt import plot_text
+from app.present.text import plot_text
 
 X_MODES = ("step", "epoch", "time")
 X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start", "wall": "wall-clock time (UTC)"}
@@ -79,11 +79,12 @@ def as_dates(xs: Sequence[float]) -> np.ndarray:
 
 
 def line_dict(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: str, smoothing: float = 0.0,
-              log_y: bool = False, height: int = 300, x_dates: bool = False) -> dict:
+              log_y: bool = False, height: int = 300, x_dates: bool = False, whole_x: bool = False) -> dict:
     """A line chart as Plotly's plain JSON structure (numpy arrays inside), built without Plotly's
     per-property validation: a live chart is rebuilt every time its series grows, and validation
     costs ten times the rest. Trace names and the title are shown as text (a run's or a class's name
-    is never Plotly's HTML). With `x_dates`, the traces' x are Unix seconds, drawn on a date axis."""
+    is never Plotly's HTML). With `x_dates`, the traces' x are Unix seconds, drawn on a date axis; with
+    `whole_x` (steps, epochs), the x-axis is ticked on whole numbers only (whole_ticks)."""
     data = []
     for i, t in enumerate(traces):
         color = t.color or PALETTE[i % len(PALETTE)]
@@ -102,12 +103,32 @@ def line_dict(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: 
               "uirevision": uirevision, "margin": {"l": 10, "r": 10, "t": 64, "b": 10}, "hovermode": "x unified",
               "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
                          "font": {"size": 11}},
-              "xaxis": {"title": {"text": x_title}, **({"type": "date"} if x_dates else {})}, "yaxis": {}}
+              "xaxis": {"title": {"text": x_title}, **({"type": "date"} if x_dates else {}),
+                        **(whole_ticks([v for t in traces for v in t.x]) if whole_x else {})}, "yaxis": {}}
     if log_y:
         layout["yaxis"] = {"type": "log", "dtick": 1, "exponentformat": "power"}  # one label per decade
     else:
         layout["yaxis"] = _flat_range([v for t in traces for v in t.y])
     return {"data": data, "layout": layout}
+
+
+WHOLE_X_MODES = ("step", "epoch")  # the x-axes counted in whole numbers
+WHOLE_TICKS_SPAN = 10  # below this span of steps or epochs, one tick per whole number
+
+
+def whole_ticks(xs: Sequence[float]) -> dict:
+    """The x-axis settings of steps or epochs: ticks on whole numbers only. Over a short span (a chart of one point,
+    the first epochs) Plotly would tick halves (421, 421.5, 422): there, one tick per whole number, the axis
+    widened to the whole numbers around the points when none lies among them (steps of the first epoch on an
+    epoch axis). Over a longer one, Plotly's own spacing, labelled as integers."""
+    finite = [float(x) for x in xs if x is not None and math.isfinite(x)]
+    if not finite or max(finite) - min(finite) >= WHOLE_TICKS_SPAN:
+        return {"tickformat": "d"}
+    lo, hi = min(finite), max(finite)
+    axis: dict = {"tickformat": "d", "tickmode": "linear", "tick0": 0, "dtick": 1}
+    if math.floor(hi) < math.ceil(lo):  # no whole number among the points
+        axis["range"] = [math.floor(lo), math.ceil(hi)]
+    return axis
 
 
 def line_figure(title: str, traces: Sequence[Trace], **kwargs) -> go.Figure:

@@ -3,7 +3,7 @@
 - Similar runs: finished successful runs with the same dataset (for an image folder, the same folder) and model.
 - Time: the form's epochs × the median seconds per epoch of the similar runs (their summaries), as sweeps do.
 - Memory: the peak (`mem/peak_mb`) of the similar run closest in batch size and image size, newest first.
-- Workers: which live workers serve the run's queue (app.services.queue_status); for a run of N GPUs (queue gpu-xN)
+- Workers: which live workers serve the run's queue (app.services.broker.queue_status); for a run of N GPUs (queue gpu-xN)
   that no live worker offers, the most one does and the command that starts one.
 - Start from a run's weights: finished successful runs that have a best checkpoint on this host; choosing one
   suggests feature extraction first, the whole backbone unfrozen later, at a 10× smaller learning rate.
@@ -20,7 +20,8 @@ from urllib.parse import unquote, urlparse
 
 from sqlalchemy import Engine
 
-from app import services
+from app.services.broker import queue_status
+from core import catalog
 from core.names import CHECKPOINT_BEST, CHECKPOINT_FILES, CPU_QUEUE, PEAK_MEMORY, SUCCESS_STATUSES, queue_for
 from db import repo
 from db.types import RunRecord
@@ -50,7 +51,7 @@ def similar_runs(engine: Engine, values: Mapping[str, Any]) -> list[RunRecord]:
     data, model, path = values.get("data.name"), values.get("model.name"), values.get("data.path")
     page = repo.list_runs(engine, status=list(SIMILAR_STATUSES), limit=SCAN_LIMIT)
     return [r for r in page.runs if _get(r.spec, "data", "name") == data and _get(r.spec, "model", "name") == model
-            and (data != "imagefolder" or _get(r.spec, "data", "path") == path)]
+            and (not catalog.is_folder(data) or _get(r.spec, "data", "path") == path)]
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def worker_hint(queue: str, engine: Engine, processes: int = 1) -> WorkerHint:
     """Which live workers would take the run, or that none would and how to start one (for a run of N GPUs, that
     no live worker offers N, the most one does, and the command that starts one). `processes`: the run's
     resources.gpus, said for a CPU run (one CPU worker starts them all)."""
-    status = services.queue_status(queue, engine=engine)
+    status = queue_status(queue, engine=engine)
     if not status.served:
         return WorkerHint(False, "Workers: " + status.message())
     names = ", ".join(w.id if w.hostname in w.id else f"{w.id} on {w.hostname}" for w in status.workers[:5])

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import orjson
 
 from app import auth
-from app.ui import live_series, queries, run_charts
+from app.live import series as live_series
+from app.ui import queries, run_charts
 from db import repo
 
 PATH = "/_torchdeck/live"  # app/server.py mounts the route at this path (written out there: see its docstring)
@@ -175,10 +176,10 @@ def valid(token: str) -> bool:
 
 
 def request_identity(request) -> str | None:
-    """Team mode: the key of the person the request's sign-in cookie names, or None (app.http_guard.signed_in_user)."""
-    from app import http_guard
+    """Team mode: the key of the person the request's sign-in cookie names, or None (app.web.front_door.signed_in_user)."""
+    from app.web import front_door
 
-    user = http_guard.signed_in_user(request)
+    user = front_door.signed_in_user(request)
     return user.id if user is not None else None
 
 
@@ -224,7 +225,7 @@ async def serve(request, grants: Grants, polls: Polls):
     from starlette.responses import Response
 
     team = auth.team_mode()
-    if not team:  # the pages' refusal (app/http_guard.py applies it to every route as well)
+    if not team:  # the pages' refusal (app/web/front_door.py applies it to every route as well)
         why = auth.local_refusal(request.client.host if request.client else None, request.headers)
         if why:
             return _error(403, why)

@@ -1,12 +1,12 @@
 """The one gate every new run passes before it is stored, whichever way it is created: the New run form (a
-clone and "start from a run's weights" are the form), `torchdeck submit`, a re-run (app/services.py), "Repeat
-with k seeds", a sweep's best launched again, and a sweep's base (app/sweeps.py). A sweep's trials, created
+clone and "start from a run's weights" are the form), `torchdeck submit`, a re-run (app/services/runs.py), "Repeat
+with k seeds", a sweep's best launched again, and a sweep's base (app/services/sweeps.py). A sweep's trials, created
 later by sweep.control (worker-side too), pass core.admission's rules against that admitted base, under the
 limit stored with the sweep.
 
 In order, each refusal naming what is wrong:
 - bounds: the spec validated again as it will be stored (core.admission.bounded: SpecError per field);
-- files: `data.path` and `model.weights_file` only under the allowed folders (app/paths.py: SpecError);
+- files: `data.path` and `model.weights_file` only under the allowed folders (app/services/paths.py: SpecError);
 - quota, in team mode: the owner's queued runs and the new ones at most TORCHDECK_MAX_QUEUED_PER_OWNER
   (QueueLimitReached). Counted here to refuse before anything changes, and again in the transaction that
   stores the runs (db.runs.create_runs), so that concurrent submissions never overshoot.
@@ -48,7 +48,7 @@ def admit(specs: Sequence[RunSpec], *, owner: str, engine: Engine, room_for: int
     """The specs as they may be stored (bounds checked again, paths made absolute), or the refusal: SpecError
     naming each field, QueueLimitReached when the owner's queued runs and `room_for` more (default: one per
     spec) would be over the limit. Nothing is stored here."""
-    from app.paths import check_paths
+    from app.services.paths import check_paths
     from db.artifacts import local_run_root
 
     root = local_run_root()

@@ -6,9 +6,9 @@ archives that inflate beyond the limits or at an absurd ratio (zip bombs; sizes 
 extracting, not believed from the headers); files that are not images (by extension and by
 decoding them); fewer than two classes; images outside a class folder; archives whose list of files is
 too long to read (its size and entry count are read from the archive's end record, and its entries
-counted, before zipfile parses it: app/zip_directory.py). Nothing is written outside the datasets folder,
+counted, before zipfile parses it: app/services/zip_directory.py). Nothing is written outside the datasets folder,
 and a refused upload leaves nothing behind. A stored upload gets its preview thumbnails at once
-(app/dataset_previews.py), beside its folder."""
+(app/services/dataset_previews.py), beside its folder."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from typing import IO
 
 from sqlalchemy import Engine
 
-from app import dataset_previews, zip_directory
 from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
+from app.services import dataset_previews, zip_directory
 from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME, MAX_IMAGE_PIXELS
 from db import repo
 from db.engine import data_home
@@ -236,9 +236,9 @@ def store_key(folder: str) -> str:
 def shared_store():
     """The artifact store when workers elsewhere need datasets through it (an object store, or a local
     folder outside $TORCHDECK_HOME such as a shared mount); None when they read $TORCHDECK_HOME/datasets."""
-    from app import services
+    from app.services.artifacts import artifact_store
 
-    store = services.artifact_store()
+    store = artifact_store()
     if store.is_local:
         root, home = store.local_path("probe").parent, data_home().resolve()
         if root == home or home in root.parents:
@@ -297,20 +297,28 @@ def previews_made(uri: str) -> bool:
 
 
 def builtin_datasets() -> list[dict[str, object]]:
-    """The datasets a run can use without an upload, and whether each is available here."""
+    """The datasets a run can use without an upload (core/catalog.py's, but the uploaded folders' kind), with
+    their images, classes and size (what the spec sets where the catalog leaves them to it: its defaults), and
+    whether each is available here."""
+    from core.catalog import DATASETS
+    from core.config import DataSpec
+
     data_dir = Path(os.environ.get("TORCHDECK_DATA") or "data")
-    rows: list[dict[str, object]] = [
-        {"name": "digits", "images": "1,797", "classes": "10", "size": "8×8 gray", "available": True,
-         "source": "scikit-learn's load_digits (ships inside the package)"},
-        {"name": "synthetic", "images": "2000 (data.num_samples)", "classes": "10 (data.num_classes)",
-         "size": "32×32 (data.size)", "available": True, "source": "generated from class templates + noise"},
-    ]
-    for name, images, classes, size, folder in (("mnist", 70000, 10, "28×28 gray", "MNIST"),
-                                                 ("fashion_mnist", 70000, 10, "28×28 gray", "FashionMNIST"),
-                                                 ("cifar10", 60000, 10, "32×32 RGB", "cifar-10-batches-py")):
-        rows.append({"name": name, "images": f"{images:,}", "classes": str(classes), "size": size,
-                     "available": (data_dir / folder).exists(),
-                     "source": f"torchvision, from {data_dir / folder} (or data.download with internet)"})
+    spec = DataSpec()  # the spec's defaults, for what the catalog leaves to it
+    rows: list[dict[str, object]] = []
+    for name, d in DATASETS.items():
+        if d.kind == "folder":
+            continue
+        side = f"{d.size}×{d.size} {'gray' if d.channels == 1 else 'RGB'}" if d.size else f"{spec.size}×{spec.size} (data.size)"
+        row = {"name": name, "images": f"{d.samples:,}" if d.samples else f"{spec.num_samples:,} (data.num_samples)",
+               "classes": str(d.classes) if d.classes else f"{spec.num_classes} (data.num_classes)", "size": side,
+               "available": True, "source": "generated from class templates + noise"}
+        if d.kind == "builtin":
+            row["source"] = f"{d.source} (ships inside its package)"
+        elif d.kind == "torchvision":
+            row["available"] = (data_dir / d.folder).exists()
+            row["source"] = f"torchvision, from {data_dir / d.folder} (or data.download with internet)"
+        rows.append(row)
     return rows
 
 

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from app.fmt import code_span
+from app.present.text import code_span
+from core import catalog
 from core.config import DataSpec
 
-# torchvision's datasets and the folder each is read from under data.path ($TORCHDECK_DATA, default data/).
-TORCHVISION = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST", "cifar10": "cifar-10-batches-py"}
+
+def is_torchvision(name: str) -> bool:
+    """Whether `name` is one of torchvision's datasets (core/catalog.py), read from a folder under data.path."""
+    entry = catalog.DATASETS.get(name)
+    return entry is not None and entry.kind == "torchvision"
 
 
 def digits_samples(per_class: int = 8, scale: int = 4, gap: int = 2) -> tuple[bytes, dict[str, int]]:
@@ -61,7 +65,7 @@ def synthetic_description() -> str:
 
 def torchvision_folder(name: str) -> Path:
     """Where a torchvision dataset is looked for on this machine when a run gives no data.path."""
-    return Path(os.environ.get("TORCHDECK_DATA") or "data") / TORCHVISION[name]
+    return Path(os.environ.get("TORCHDECK_DATA") or "data") / catalog.dataset(name).folder
 
 
 def torchvision_description(name: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import annotated_types as at
 from pydantic import BaseModel
 
-from app.form_rules import label as label_of
+from app.present.form_rules import label as label_of
 from core.catalog import DATASET_NAMES, MODEL_NAMES
 from core.config import RunSpec, SpecError
 
@@ -69,7 +69,7 @@ class FormField:
 
     @property
     def label(self) -> str:
-        """In words, with the unit where there is one (app/form_rules.py)."""
+        """In words, with the unit where there is one (app/present/form_rules.py)."""
         return label_of(self.path)
 
 

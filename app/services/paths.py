@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from app.auth import team_mode
+from core import catalog
 from core.config import RunSpec, SpecError
 from db.engine import data_home
 from db.repo import list_datasets
@@ -69,7 +70,7 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
         path = _resolved(spec.data.path)
         roots = data_roots()
         # An uploaded dataset is an image folder to read: never a torchvision root to download into.
-        registered = spec.data.name == "imagefolder" and _registered(path, engine)
+        registered = catalog.is_folder(spec.data.name) and _registered(path, engine)
         if not (_inside(path, roots) or registered):
             hint = ("choose an uploaded dataset (Datasets page)" if team_mode()
                     else f"move the data under one of them, or add its folder to {ROOTS_ENV}")

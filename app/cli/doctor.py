@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from app import queue_words
+from app.services import queue_words
 from core.names import JOBS_QUEUE, MAX_RUN_GPUS, MULTI_GPU_PREFIX, RUN_QUEUES, gpus_offered, multi_gpu_queues, queue_of
 
 # A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
@@ -139,7 +139,7 @@ def check_database() -> tuple[Check, object | None]:
 
 def check_broker() -> tuple[Check, dict[str, int]]:
     """Redis answers PING; returns the number of messages waiting per queue."""
-    from app.services import broker_url
+    from app.services.broker import broker_url
 
     url = broker_url()
     shown = _shown_broker(url)
@@ -189,7 +189,7 @@ def check_workers(engine) -> list[Check]:
     runs waiting and nobody consuming it is a failure."""
     from db.repo import list_runs, list_workers
 
-    from app.services import stale_after_s
+    from app.services.broker import heartbeat_age_s, is_alive, stale_after_s
 
     stale_after = stale_after_s()
     now = datetime.now(UTC)
@@ -200,9 +200,8 @@ def check_workers(engine) -> list[Check]:
         return [Check("workers", False, f"cannot read the worker table: {_first_line(e)}",
                       "run `torchdeck db upgrade`, then `torchdeck doctor` again")]
     live, stale = [], []
-    for w in workers:
-        age = (now - w.heartbeat_at).total_seconds()
-        (live if age <= stale_after else stale).append((w, age))
+    for w in workers:  # the Workers page's rule (app.services.broker.is_alive)
+        (live if is_alive(w, now) else stale).append((w, heartbeat_age_s(w, now)))
     start_fix = ("start one: team mode `docker compose up -d worker-gpu worker-cpu` (or on a GPU host "
                  "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`")
     checks: list[Check] = []

@@ -19,7 +19,7 @@ from pathlib import Path
 from core.names import JOBS_QUEUE, multi_gpu_queues
 from core.process import die_with_parent
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu_count() -> int:

@@ -5,7 +5,7 @@ resize each at every page run (24 such PNGs: ~20 s of CPU whenever anyone opens 
 the first PER_CLASS images of the first classes (at most MAX_SHOWN) become PNG thumbnails of at most SIDE
 pixels, in `$TORCHDECK_HOME/datasets/.previews/<the dataset's folder>/` with an index.json naming each
 one's class; the page shows those files and never lists or opens the dataset's own. The folder lies beside
-the dataset's, not in it: the zip that app.datasets.publish puts in a shared store for workers holds the
+the dataset's, not in it: the zip that app.services.datasets.publish puts in a shared store for workers holds the
 class folders only, and the previews are removed with the dataset.
 
 A dataset uploaded before thumbnails existed gets them at its first view, made the same way. The work is

@@ -15,8 +15,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from app import services
 from app.auth import User, check_can_modify
+from app.services.artifacts import artifact_root, artifact_store
+from app.services.broker import broker_url, enqueue_job, get_engine, queue_status
+from app.services.owners import owner_label
 from core.config import RunSpec
 from core.names import EXPORT_FORMATS, EXPORT_TASK, JOBS_QUEUE, PREFLIGHT_TASK
 from core.redact import redact
@@ -42,11 +44,11 @@ def run_job(task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float
         pickup_s = float(os.environ.get(PICKUP_ENV) or PICKUP_S)
     job_id = uuid.uuid4().hex
     prefix = f"jobs/{job_id}"
-    store = services.artifact_store()
+    store = artifact_store()
     try:
-        services.enqueue_job(task, {"job_id": job_id, **kwargs}, expires_s=pickup_s + timeout_s)
+        enqueue_job(task, {"job_id": job_id, **kwargs}, expires_s=pickup_s + timeout_s)
     except Exception as e:
-        raise JobError(redact(f"could not reach the queue at {services.broker_url()}: {e}")) from e
+        raise JobError(redact(f"could not reach the queue at {broker_url()}: {e}")) from e
     start, started, busy = time.monotonic(), False, False
     while True:
         try:
@@ -69,7 +71,7 @@ def run_job(task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float
 def _jobs_worker_alive() -> bool:
     """A worker consuming the jobs queue has heartbeated lately (it may be busy with another job)."""
     try:
-        return services.queue_status(JOBS_QUEUE).served
+        return queue_status(JOBS_QUEUE).served
     except Exception:  # noqa: BLE001 - no answer from the table: treat as no worker
         return False
 
@@ -85,11 +87,11 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bo
     """Build the data and the model on a jobs worker, run the shape check, draw the labelled sample grid and,
     with `overfit`, try to overfit one batch on a short budget. Returns {"ok", "shapes"|"error", "grid" (PNG
     bytes or None), "data", "model", and with `overfit` "overfit" (worker/preflight.py's verdict)}. A spec
-    reading files a run may not (app.paths) is refused here, before anything is sent."""
-    from app.paths import check_paths
+    reading files a run may not (app.services.paths) is refused here, before anything is sent."""
+    from app.services.paths import check_paths
 
     try:
-        spec = check_paths(spec, services.get_engine(), services.artifact_root())
+        spec = check_paths(spec, get_engine(), artifact_root())
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     try:
@@ -115,12 +117,12 @@ def export_now(run_id: str, formats: list[str], checkpoint: str = "best", *, by:
     of the run (in a new folder: earlier exports keep their files). Returns (every format verified, what the
     worker said). Only the run's owner or an admin may: app.auth.PermissionDenied otherwise, and then
     nothing is sent."""
-    engine = engine or services.get_engine()
+    engine = engine or get_engine()
     try:
         run = get_run(engine, run_id)
     except RunNotFound:
         return False, f"there is no run {run_id!r} (it may have been deleted)"
-    check_can_modify(by, run, "export", services.owner_label(run.owner, engine))
+    check_can_modify(by, run, "export", owner_label(run.owner, engine))
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown or not formats:
         return False, f"choose formats among {', '.join(EXPORT_FORMATS)}"

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 
 from db.types import RunRecord
 
+EMPTY = "–"  # what a cell or a figure shows for a value that is not there (yet); never "None"
+
 # Material icons (bundled with Streamlit): emoji fonts are missing on many servers and kiosks.
 STATUS_ICON = {
     "queued": "schedule", "running": "play_circle", "completed": "check_circle", "early_stopped": "stop_circle",
@@ -38,7 +40,7 @@ def now() -> datetime:
 
 def seconds(s: float | None) -> str:
     if s is None or not math.isfinite(s):
-        return "–"
+        return EMPTY
     s = max(0.0, s)
     if s < 60:
         return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
@@ -70,7 +72,7 @@ def age_s(t: datetime | None) -> float | None:
 
 def size(n: int | None) -> str:
     if n is None:
-        return "–"
+        return EMPTY
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -46,7 +46,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 def load_sweep_or_exit(spec_path: Path, space_path: Path | None, overrides: list[str]):
     """The validated sweep of a run spec and a space file (or one sweep file with `base:` inside)."""
-    from app.cli_runs import load_spec_or_exit
+    from app.cli.runs import load_spec_or_exit
     from sweep.spec import SweepSpec, SweepSpecError
 
     try:
@@ -65,9 +65,9 @@ def _read(path: Path) -> str:
 
 
 def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None) -> None:
-    from app.cli_runs import _engine, _say_who_serves, cli_owner
-    from app.services import run_queue
-    from app.sweeps import estimate, submit_sweep
+    from app.cli.runs import _engine, _say_who_serves, cli_owner
+    from app.services.broker import run_queue
+    from app.services.sweeps import estimate, submit_sweep
 
     spec = load_sweep_or_exit(spec_path, space_path, overrides)
     engine = _engine()
@@ -83,8 +83,8 @@ def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name
 
 
 def _view(sweep_id: str):
-    from app.cli_runs import _engine
-    from app.sweeps import view
+    from app.cli.runs import _engine
+    from app.services.sweeps import view
     from db.repo import SweepNotFound
 
     try:
@@ -123,8 +123,8 @@ def _describe_best(v) -> str:
 
 def _cancel(sweep_id: str, **_: object) -> None:
     from app.auth import local_user
-    from app.cli_runs import _engine
-    from app.sweeps import cancel_sweep
+    from app.cli.runs import _engine
+    from app.services.sweeps import cancel_sweep
     from db.repo import SweepNotFound
 
     try:
@@ -141,8 +141,8 @@ def _best(sweep_id: str, *, launch: bool, seeds: int, owner: str | None, **_: ob
         return
     if v.best is None:
         _fail("nothing to launch: no trial has completed yet")
-    from app.cli_runs import _engine, cli_owner
-    from app.sweeps import launch_best
+    from app.cli.runs import _engine, cli_owner
+    from app.services.sweeps import launch_best
 
     try:  # refused like any new run: a path it may not read, the owner's queued-runs limit
         runs = launch_best(sweep_id, owner=owner or cli_owner(), seeds=seeds, engine=_engine())

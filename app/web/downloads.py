@@ -3,14 +3,14 @@
 Streamlit's download button holds the whole file in the dashboard's memory (its media store keeps bytes,
 whatever it is handed: bytes, a file, a callable), once per click: a 2 GB checkpoint was 2 GB of the
 dashboard's memory for every person downloading it. This route streams the file instead, a piece
-(services.DOWNLOAD_PIECE, 1 MB) at a time, and re-checks its SHA-256 on the way: a file on this host is
+(app.services.artifacts.DOWNLOAD_PIECE, 1 MB) at a time, and re-checks its SHA-256 on the way: a file on this host is
 hashed before its first byte is sent (refused with 409 and both hashes when it changed), and the pieces are
 hashed as they are sent, so a file changed meanwhile (or one in a bucket) breaks the download off before its
-end (services.artifact_pieces).
+end (app.services.artifacts.artifact_pieces).
 
-Access is that of the pages: by opaque artifact id only (services resolves it through the database to the
+Access is that of the pages: by opaque artifact id only (app.services.artifacts resolves it through the database to the
 artifact store; never a path), and only for someone a page would admit: local mode, this machine, not
-through a proxy (auth.local_refusal; app/http_guard.py's front door also checks Host and Origin); team mode,
+through a proxy (auth.local_refusal; app/web/front_door.py's front door also checks Host and Origin); team mode,
 a member signed in (the request's sign-in cookie, as Streamlit's own websocket reads it, not older than
 TORCHDECK_SESSION_MAX_AGE_H). Every member may download every run's files, as on the pages. The file is
 always an attachment of type application/octet-stream (never shown inline in the dashboard's origin).
@@ -27,7 +27,8 @@ import os
 import re
 from urllib.parse import quote
 
-from app import auth, http_guard
+from app import auth
+from app.web import front_door
 
 PATH = "/_torchdeck/download"
 SERVED_ENV = "TORCHDECK_DOWNLOAD_ROUTE"
@@ -58,7 +59,7 @@ def refusal(request) -> str | None:
         return str(e)
     if not team:
         return auth.local_refusal(request.client.host if request.client else None, request.headers)
-    user = http_guard.signed_in_user(request)
+    user = front_door.signed_in_user(request)
     if user is None:
         return "Sign in to the dashboard first (this download link works for signed-in members)."
     if not auth.is_member(user):
@@ -83,7 +84,7 @@ def download(request):
     """The route: the artifact's bytes streamed, or a plain-text refusal (403, 400, 404, 409)."""
     from starlette.responses import StreamingResponse
 
-    from app import services
+    from app.services import artifacts
     from db.errors import ArtifactNotFound
 
     why = refusal(request)
@@ -91,16 +92,16 @@ def download(request):
         return _plain(403, why)
     artifact_id = request.path_params["artifact_id"]
     try:
-        record, pieces = services.artifact_pieces(artifact_id)
-    except services.InvalidArtifactId as e:
+        record, pieces = artifacts.artifact_pieces(artifact_id)
+    except artifacts.InvalidArtifactId as e:
         return _plain(400, f"Refused: {e}.")
     except ArtifactNotFound:
         return _plain(404, f"Refused: there is no artifact with id {artifact_id[:64]!r}.")
-    except services.ArtifactChanged as e:
+    except artifacts.ArtifactChanged as e:
         return _plain(409, f"Refused: {e}.")
-    except (services.ArtifactUnavailable, OSError) as e:
+    except (artifacts.ArtifactUnavailable, OSError) as e:
         return _plain(404, str(e))
-    headers = {"Content-Disposition": attachment(services.artifact_filename(record)), "Cache-Control": "no-store",
+    headers = {"Content-Disposition": attachment(artifacts.artifact_filename(record)), "Cache-Control": "no-store",
                "X-Content-Type-Options": "nosniff"}
     if record.size is not None:
         headers["Content-Length"] = str(record.size)
@@ -108,20 +109,20 @@ def download(request):
 
 
 def control(record, *, key: str, label: str = "Download", **button) -> None:
-    """A page's download control for an artifact whose checks passed (services.artifact_problem): a link to the
+    """A page's download control for an artifact whose checks passed (artifacts.artifact_problem): a link to the
     route where it is served; else Streamlit's button for a file up to FALLBACK_MAX_BYTES (it holds the file
     in memory), and a note saying why not for a larger one."""
     import streamlit as st
 
-    from app import fmt as f
-    from app import services
+    from app.present import text as f
+    from app.services import artifacts
     from app.ui import queries
 
     if served():
         st.link_button(label, url(record.id), icon=":material/download:", **button)
     elif record.size is not None and record.size <= FALLBACK_MAX_BYTES:
-        st.download_button(label, lambda: services.read_artifact(record.id, engine=queries.engine()),
-                           file_name=services.artifact_filename(record), icon=":material/download:", key=key,
+        st.download_button(label, lambda: artifacts.read_artifact(record.id, engine=queries.engine()),
+                           file_name=artifacts.artifact_filename(record), icon=":material/download:", key=key,
                            **button)
     else:
         st.caption(f"{f.size(record.size) if record.size is not None else 'A file of unknown size'}: downloaded "

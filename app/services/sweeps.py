@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from app import admission
 from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
-from app.services import enqueue, get_engine, owner_label
+from app.services import admission
+from app.services.broker import enqueue, get_engine
+from app.services.owners import owner_label
 from core.config import RunSpec
 from db import repo
 from db.types import RunRecord, SweepRecord
@@ -27,7 +28,7 @@ def send(run: RunRecord) -> None:
 def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (),
                  engine: Engine | None = None) -> SweepRecord:
     """Store the sweep and queue its first trials. The sweep is validated again (its space never names a file,
-    its grid is sized first); its base passes the gate of every new run (app.admission: bounds, the paths it
+    its grid is sized first); its base passes the gate of every new run (app.services.admission: bounds, the paths it
     reads, room under the owner's queued-runs limit for its first configuration's runs). Its trials are
     created by sweep.control under the same limit, stored with the sweep, each reading what the base reads."""
     engine = engine or get_engine()
@@ -101,7 +102,7 @@ def best_so_far(v: SweepView) -> list[tuple[int, float]]:
 
 def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | None = None) -> list[RunRecord]:
     """The best configuration again as a new run (seeds=1) or seed group, owned by whoever asks (anyone may: it
-    is a clone), its parent the trial's first run; through the gate of every new run (app.admission)."""
+    is a clone), its parent the trial's first run; through the gate of every new run (app.services.admission)."""
     engine = engine or get_engine()
     specs, parent_id = control.best_specs(engine, repo.get_sweep(engine, sweep_id), seeds)
     runs = admission.store(specs, owner=owner, engine=engine, parent_id=parent_id,
@@ -112,7 +113,7 @@ def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | N
 
 def repeat_with_seeds(run_id: str, k: int, *, owner: str, engine: Engine | None = None) -> list[RunRecord]:
     """The run's spec again with k − 1 more seeds; together they are one seed group (anyone may: it is a clone).
-    Through the gate of every new run (app.admission): all k − 1 are stored, or none."""
+    Through the gate of every new run (app.services.admission): all k − 1 are stored, or none."""
     engine = engine or get_engine()
     run = repo.get_run(engine, run_id)
     specs, group_id = control.repeat_specs(engine, run, k)

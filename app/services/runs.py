@@ -1,0 +1,130 @@
+"""What the UI and the CLI do to runs: validate and submit, cancel, clone. No torch here:
+runs are enqueued by task name, so the UI never imports the training code."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+
+from sqlalchemy import Engine
+
+from app.auth import PermissionDenied, User, check_can_modify
+from app.services import admission
+from app.services.artifacts import artifact_root, artifact_store
+from app.services.broker import broker_url, enqueue, get_engine
+from app.services.owners import owner_label
+from core.config import RunSpec
+from core.redact import redact
+from db.repo import RunNotFound, RunRecord, RunStillActive, delete_run, get_run, request_cancel
+from db.repo import follow as follow_run, unfollow as unfollow_run
+from db.repo import set_notes as store_notes, set_tags as store_tags, set_tags_and_notes as store_tags_and_notes
+
+
+def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,
+           parent_id: str | None = None, engine: Engine | None = None) -> RunRecord:
+    """Store a validated spec as a queued run and enqueue it (the New run form, a clone, "start from a run's
+    weights", `torchdeck submit`, a re-run). Invalid specs never get here: RunSpec validation happens first
+    (the form and the CLI show each field's error). Refused by the gate of every new run (app.services.admission):
+    a field out of bounds or a path the run may not read (SpecError) and, in team mode, an owner over the
+    queued-runs limit (QueueLimitReached)."""
+    engine = engine or get_engine()
+    [run] = admission.store([spec], owner=owner, engine=engine, names=[name or spec.name], tags=tags or [],
+                             parent_id=parent_id)
+    try:
+        enqueue(run.id, spec)
+    except Exception as e:
+        from db.repo import finish_run
+
+        where = redact(broker_url())
+        finish_run(engine, run.id, "failed", error=redact(f"could not reach the queue at {where}: {e}"))
+        raise RuntimeError(redact(f"the run was stored but the broker is unreachable ({where}): {e}. "
+                           "Is a worker stack running? Start it with `make up` or `torchdeck up`.")) from e
+    return run
+
+
+def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
+    """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps.
+    Only the run's owner or an admin may (app.auth.PermissionDenied otherwise)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "cancel", owner_label(run.owner, engine))
+    return request_cancel(engine, run_id)
+
+
+def set_tags(run_id: str, tags: Iterable[str], engine: Engine | None = None, *, by: User) -> RunRecord:
+    """Replace a run's tags, at any time after launch. Only the run's owner or an admin may (PermissionDenied)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "tag", owner_label(run.owner, engine))
+    return store_tags(engine, run_id, tags)
+
+
+def set_notes(run_id: str, notes: str, engine: Engine | None = None, *, by: User) -> RunRecord:
+    """Replace a run's notes (plain text, at most db.types.NOTES_LEN characters: ValueError beyond; blank clears
+    them). Only the run's owner or an admin may (PermissionDenied)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "annotate", owner_label(run.owner, engine))
+    return store_notes(engine, run_id, notes)
+
+
+def set_tags_and_notes(run_id: str, tags: Iterable[str], notes: str, engine: Engine | None = None, *,
+                       by: User) -> RunRecord:
+    """Replace a run's tags and notes together (the Run page's "Edit tags & notes"): both checked, then written
+    in one transaction, so a refused or failed save changes neither. Only the run's owner or an admin may
+    (PermissionDenied); ValueError for a bad tag or notes; RunNotFound for a run deleted meanwhile."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "tag", owner_label(run.owner, engine))
+    return store_tags_and_notes(engine, run_id, tags, notes)
+
+
+def follow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
+    """`by` follows the run (anyone may follow any run; the dashboard then tells them when it ends); True when
+    the follow is new. RunNotFound for a run deleted meanwhile."""
+    return follow_run(engine or get_engine(), by.id, run_id)
+
+
+def unfollow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
+    """`by` no longer follows the run; True when they did."""
+    return unfollow_run(engine or get_engine(), by.id, run_id)
+
+
+def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
+    """Delete a finished run with its rows and its files under the artifact root. Only the run's owner or an
+    admin may (app.auth.PermissionDenied otherwise)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "delete", owner_label(run.owner, engine))
+    uris = delete_run(engine, run_id)
+    artifact_store().delete_prefix(f"runs/{run_id}")  # the run's files in the store (local folder or bucket)
+    root = artifact_root()
+    run_dir = root / "runs" / run_id
+    if run_dir.is_dir() and root in run_dir.resolve().parents:  # this host's working copy, if any
+        shutil.rmtree(run_dir)
+    return uris
+
+
+def rerun(run_id: str, *, owner: str, engine: Engine | None = None) -> RunRecord:
+    """The same spec again, as a new queued run whose parent is the original, owned by whoever re-runs it
+    (a re-run is a clone: anyone may make one). Through the same gate as any new run (submit)."""
+    engine = engine or get_engine()
+    r = get_run(engine, run_id)
+    return submit(spec_of(r), name=r.name, owner=owner, tags=list(r.tags), parent_id=r.id, engine=engine)
+
+
+def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> str | None:
+    """Delete a run (remove); returns why that was refused, or None when it is gone."""
+    try:
+        remove(run_id, engine=engine, by=by)
+    except PermissionDenied as e:
+        return str(e)
+    except RunStillActive:
+        return f"run {run_id} is still running: cancel it first"
+    except RunNotFound:
+        return None
+    return None
+
+
+def spec_of(run: RunRecord) -> RunSpec:
+    return RunSpec.model_validate(dict(run.spec))
