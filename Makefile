@@ -26,8 +26,12 @@ system-deps:
 up: install
 	@bash scripts/up.sh
 
+# The suite on pytest-xdist workers: `auto` is one per CPU this machine lends us, plus one (the tests mostly wait
+# on servers, browsers and worker processes), at most 4 (tests/conftest.py). `make test PYTEST_WORKERS=0`: one process.
+PYTEST_WORKERS ?= auto
+
 test: install system-deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 bench: install
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -19,6 +19,7 @@ import atexit
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,7 @@ from functools import cached_property
 from pathlib import Path
 
 PG_BIN_ENV = "TORCHDECK_PG_BIN"  # a folder holding initdb, pg_ctl, postgres
-START_TIMEOUT_S = 60
+START_TIMEOUT_S = 120  # a bound, never a wait: a busy machine (pytest-xdist's workers) starts servers slower
 
 
 class PostgresUnavailable(RuntimeError):
@@ -61,10 +62,60 @@ def _version(folder: str) -> int:
         return 0
 
 
+_LOWEST_PORT = 10_000  # below it: the well-known ports of services a developer may run (5432, 6379, 8501...)
+_handed_out: set[int] = set()
+
+
+def worker_index() -> tuple[int, int]:
+    """(this pytest-xdist worker's number, how many workers): (0, 1) without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+    return index, max(count, index + 1)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on, for a server a test is about to start.
+
+    Never one the kernel hands out as the source port of an outgoing connection (below its ephemeral range:
+    a connection made meanwhile cannot take it), and with pytest-xdist, from a slice of that range of this
+    worker's own (two workers never pick the same port), at a random place in it (nor do two test sessions on one
+    machine walk the same ports); never the same port twice in a process. Where the ephemeral range leaves too
+    few ports below it, the kernel picks one, as before."""
+    index, count = worker_index()
+    low = _ephemeral_low()
+    size = (low - _LOWEST_PORT) // count
+    if size >= 200:
+        start = _LOWEST_PORT + index * size
+        offset = random.randrange(size)
+        for i in range(size):
+            port = start + (offset + i) % size
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -133,12 +184,20 @@ def start_postgres(*, durable: bool = False) -> PostgresServer:
     try:
         _run([*as_user, str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres",
               "--auth=trust", "--encoding=UTF8", "--no-sync"], "initdb")
-        options = f"-p {server.port} -k {server.socket_dir} -c listen_addresses=127.0.0.1"
-        if not durable:
-            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        _run([*as_user, str(bin_dir / "pg_ctl"), "start", "-D", str(root / "data"), "-w",
-              "-t", str(START_TIMEOUT_S), "-l", str(root / "server.log"), "-o", options],
-             "pg_ctl start", root / "server.log")
+        for attempt in range(3):
+            options = f"-p {server.port} -k {server.socket_dir} -c listen_addresses=127.0.0.1"
+            if not durable:
+                options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            try:
+                _run([*as_user, str(bin_dir / "pg_ctl"), "start", "-D", str(root / "data"), "-w",
+                      "-t", str(START_TIMEOUT_S), "-l", str(root / "server.log"), "-o", options],
+                     "pg_ctl start", root / "server.log")
+                break
+            except PostgresUnavailable as e:
+                # Its port taken meanwhile by another program of this machine: another port.
+                if attempt == 2 or "could not bind" not in str(e):
+                    raise
+                server.port = free_port()
     except BaseException:
         server.stop()
         raise
@@ -169,7 +228,7 @@ def _chown(path: Path) -> None:
 
 
 def _run(command: list[str], what: str, log: Path | None = None) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60)
     if done.returncode != 0:
         detail = done.stderr or done.stdout
         if log is not None and log.exists():
@@ -187,23 +246,30 @@ def postgres_server(*, durable: bool = False) -> Iterator[PostgresServer]:
 
 
 def start_redis(folder: Path, *, password: str | None = None, timeout_s: float = 60) -> tuple[subprocess.Popen, int]:
-    """A real redis-server on a free port of 127.0.0.1 (nothing persisted), once it answers PING."""
+    """A real redis-server on a free port of 127.0.0.1 (nothing persisted), once it answers PING. Should another
+    program take the port between its choice and the server's start (the server then exits), another port."""
     import time
 
     import redis
 
     exe = shutil.which("redis-server")
     assert exe, "redis-server not found on PATH (apt-get install redis-server)"
-    port = free_port()
     auth = ["--requirepass", password] if password else []
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", *auth, "--dir", str(folder),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=password)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.ping()
-            return proc, port
-        except redis.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, f"redis-server did not start within {timeout_s:.0f} s"
-            time.sleep(0.05)
+    for attempt in range(3):
+        port = free_port()
+        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", *auth, "--dir", str(folder),
+                                 "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=port, password=password)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            try:
+                client.ping()
+                return proc, port
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise AssertionError(f"redis-server did not answer within {timeout_s:.0f} s") from None
+                time.sleep(0.05)
+        proc.wait()
+    raise AssertionError(f"redis-server exited at start three times (last: {proc.returncode}): no free port?")

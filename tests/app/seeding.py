@@ -3,7 +3,6 @@ and finding widgets and their error slots in an AppTest tree."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from sqlalchemy import Engine
@@ -11,13 +10,7 @@ from sqlalchemy import Engine
 from core.config import RunSpec
 from db import repo
 from db.types import EventInput, MetricPoint
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from tests._servers import free_port  # noqa: F401 - a port no other xdist worker is handed (test_secrets)
 
 DIGITS = {"name": "digits-test", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 3},
           "export": {"formats": ["onnx"]}}
@@ -118,7 +111,7 @@ _SENT_SPECS: dict[str, str] = {}  # stamp -> figure: the live-chart component se
 
 
 def _live_specs(at: Any) -> list[str] | None:
-    """The figures the live-chart components (app/ui/live_chart.py) show, or None when one was sent in an
+    """The figures the live-chart components (app/live/chart.py) show, or None when one was sent in an
     earlier run this helper did not see (a refresh sends only the stamp of a figure the frame holds)."""
     import json
 

@@ -13,7 +13,7 @@ import zipfile
 import pytest
 from seeding import plotly_figures, seed_run
 
-from app import datasets as ds
+from app.services import datasets as ds
 from app.ui.run_view import EventLog
 from db import repo
 from db.types import EventInput
@@ -222,7 +222,9 @@ def test_compare_with_20_ids_shows_them_all_with_their_legend(page, engine):
     assert plotly_figures(at)["train/loss"]["layout"].get("showlegend") is not False
 
 
-def test_many_compared_runs_get_fewer_points_each_but_never_too_few():
+def test_many_compared_runs_get_fewer_points_each_but_never_too_few(home):
+    # Importing a page runs it: `home` gives it a database (without it, this test passed only after another test of
+    # this module had imported the page in the same process, as a serial run happens to order them; not under xdist).
     from app.app_pages.compare import MAX_POINTS, points_per_run
 
     assert points_per_run(2) == points_per_run(40) == MAX_POINTS

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import click_still, settled
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
@@ -34,7 +35,7 @@ def set_number(page, key: str, value) -> None:
 
 def set_formats(page, formats: list[str]) -> None:
     box = widget(page, "nr.f.export.formats").locator("input")
-    box.click()
+    click_still(page, box)  # far down the form: a late scroll would close the list it opens
     for _ in range(4):
         box.press("Backspace")
     for fmt in formats:
@@ -150,6 +151,7 @@ IDLE_JS = """() => {
 
 
 def cancel_it(page) -> None:
+    settled(page)  # between two of the live page's refreshes: the button is not being redrawn
     page.get_by_role("button", name="Cancel", exact=True).click()
     final = wait_status(page, FINAL, 180)
     assert "cancelled" in final, final
@@ -161,7 +163,7 @@ def download_onnx(page, tmp_path: Path) -> Path:
     page.get_by_role("tab", name="Artifacts").click()
     row = page.locator("[data-testid='stHorizontalBlock']", has_text="ONNX (.onnx)").last
     with page.expect_download(timeout=60_000) as dl:
-        row.get_by_role("button", name="Download", exact=True).click()
+        row.get_by_role("link", name="Download", exact=True).click()  # streamed by the download route
     path = tmp_path / "model.onnx"
     dl.value.save_as(path)
     return path
@@ -170,10 +172,11 @@ def download_onnx(page, tmp_path: Path) -> Path:
 def export_now(page) -> None:
     """'Export now' re-exports the finished run in a subprocess; the new TorchScript file is listed."""
     box = widget(page, "run.export_fmt." + page.url.split("id=")[1]).locator("input")
-    box.click()
+    click_still(page, box)
     box.fill("torchscript")  # next to the ONNX export already there
     box.press("Enter")
     page.keyboard.press("Escape")
+    settled(page)  # the rerun of the format change drawn
     page.get_by_role("button", name="Export now").click()
     page.get_by_text("Export verified").wait_for(timeout=180_000)
     page.get_by_text("TorchScript (.ts)").wait_for()
@@ -206,6 +209,7 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
 
     page.goto(stack["url"] + "/new")
     page.get_by_role("button", name="Launch run").wait_for()
+    settled(page)  # every widget drawn (the page's button comes before them), nothing moving
     fill_digits_form(page)
     shot(page, shots, "02-new-run-form.png")
     first = launch_from_form(page)
@@ -215,6 +219,7 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
 
     page.get_by_role("button", name="Clone").click()
     page.get_by_text("Form filled from clone of e2e-digits").wait_for()
+    settled(page)
     widget(page, "nr.f.name").locator("input").fill("e2e-digits-lr3e-3")
     set_number(page, "nr.f.optim.lr", 0.003)
     set_number(page, "nr.f.train.epochs", 3)  # this one runs to its end, and exports its ONNX file

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from urllib.parse import parse_qs, quote, urlparse
 
 import pytest
-from conftest import SHOTS, serve_ui
+from conftest import SHOTS, serve_ui, settled
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
@@ -94,6 +94,7 @@ def test_a_filter_link_opens_the_filtered_list_and_a_changed_filter_can_be_share
         first.goto(f"{dashboard}/?q={quote(FIRST, safe='')}")
         _filtered_view(first, FIRST)
         box = first.locator(".st-key-runs-q input")
+        settled(first)  # typed during a rerun, the box could be redrawn with the value it had
         box.fill(SECOND)
         box.press("Enter")
         first.wait_for_url(lambda url: _q(url) == [SECOND], timeout=WAIT_S * 1000)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, serve_ui
+from conftest import SHOTS, serve_ui, settled
 from playwright.sync_api import expect
 
 from db import repo
@@ -46,9 +46,11 @@ def test_a_followed_run_that_completes_is_told_on_another_page(dashboard, browse
     try:
         page.goto(f"{dashboard['url']}/run?id={run_id}")
         page.get_by_role("heading", name=NAME).wait_for(timeout=WAIT_MS)
+        settled(page)  # the page's script run drawn: a click during a rerun can land on a button being redrawn
         page.get_by_role("button", name="Follow", exact=True).click()
         expect(page.get_by_role("button", name="Unfollow", exact=True)).to_be_visible(timeout=WAIT_MS)
         sidebar = page.get_by_test_id("stSidebar")
+        settled(page)
         sidebar.get_by_test_id("stSidebarNav").get_by_role("link", name="Runs", exact=True).click()
         runs_heading = page.get_by_role("heading", name="Runs", exact=True)  # the default page: its URL is /
         runs_heading.wait_for(timeout=WAIT_MS)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import SHOTS, serve_ui
+from conftest import SHOTS, click_still, serve_ui, settled
 from playwright.sync_api import expect
 
 WAIT_MS = 90_000  # for what the user would see: generous, a busy machine takes longer
@@ -30,6 +30,7 @@ def page(dashboard, browser):
     page.set_default_timeout(WAIT_MS)
     page.goto(f"{dashboard}/new")
     page.get_by_role("button", name="Launch run").wait_for()
+    settled(page)  # every widget drawn (the page's button comes before them), nothing moving
     yield page
     page.close()
 
@@ -40,9 +41,10 @@ def label(page, text: str):
 
 
 def choose(page, field: str, option: str) -> None:
-    """Pick `option` in the choice above the form whose key is `nr.f.<field>`."""
+    """Pick `option` in the choice above the form whose key is `nr.f.<field>`. Its list opens on a settled page, its
+    input in view and still: a rerun or a scroll (the one bringing the input into view) closes an open list."""
     box = page.locator(f".st-key-nr-f-{field.replace('.', '-')}")
-    box.locator("input").click()
+    click_still(page, box.locator("input"))
     page.get_by_role("listbox").get_by_role("option", name=option, exact=True).click()
     expect(box.locator("input")).to_have_value(option, timeout=WAIT_MS)
 

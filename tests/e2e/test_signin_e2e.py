@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, STILL_JS, ends_with_us, free_port, keep_logs, settled, stop_group, wait_http
 from playwright.sync_api import expect
 
-from app import auth, services
+from app import auth
+from app.services.artifacts import InvalidArtifactId, read_artifact
+from app.services.runs import cancel, remove
 from db import repo
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -41,7 +43,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(ends_with_us(cmd), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def seed(url: str, home: Path) -> dict[str, str]:
@@ -96,11 +99,7 @@ def team() -> Iterator[dict]:
     finally:
         stop_group(ui)
         stop_group(idp)
-        keep = ROOT / "test-output" / "signin-logs"
-        shutil.rmtree(keep, ignore_errors=True)
-        keep.mkdir(parents=True)
-        for f in home.glob("*.log"):
-            shutil.copy(f, keep / f.name)
+        keep_logs(__name__, list(home.glob("*.log")))
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -116,7 +115,9 @@ def through_the_provider(browser, team: dict, who: str):
     """A fresh browser (no cookies) goes through the provider's form as `who` (a predefined user's subject)."""
     page = new_page(browser, viewport={"width": 1400, "height": 1000})
     page.goto(team["url"])
-    page.get_by_role("button", name="Sign in").click()
+    button(page, "Sign in").wait_for()
+    settled(page)  # the sign-in screen's script run drawn: a click during it can land on a button being redrawn
+    button(page, "Sign in").click()
     page.get_by_role("button", name=who, exact=True).click()  # the provider's form: a predefined user
     return page
 
@@ -128,21 +129,8 @@ def sign_in(browser, team: dict, who: str):
     return page
 
 
-IDLE_JS = """() => {
-    const app = document.querySelector("[data-testid='stApp']");
-    return app && app.getAttribute("data-test-script-state") === "notRunning"
-        && !document.querySelector("[data-stale='true']"); }"""
-STEADY_JS = """(el) => new Promise(done => {  // the same box over two animation frames: layout has settled
-    const box = () => JSON.stringify(el.getBoundingClientRect());
-    const before = box();
-    requestAnimationFrame(() => requestAnimationFrame(() => done(before === box())));
-})"""
-
-
-def settled(page, timeout_ms: float = 60_000) -> None:
-    """Wait until the app has finished its script run and nothing on the page is stale: what is drawn
-    is all the server will draw for the last interaction."""
-    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+# settled(page) (conftest): the app has finished its script run, nothing on the page is stale or still a
+# placeholder, and nothing moves: what is drawn is all the server will draw for the last interaction.
 
 
 def select_only(page, url: str, name: str) -> None:
@@ -160,7 +148,7 @@ def select_only(page, url: str, name: str) -> None:
     settled(page)
     page.get_by_text("1 run(s) match").wait_for()
     expect(page.locator(".st-key-runs-open button")).to_be_disabled(timeout=60_000)  # nothing selected yet
-    page.wait_for_function(STEADY_JS, arg=grid.element_handle(), timeout=60_000)
+    page.wait_for_function(STILL_JS, arg=grid.element_handle(), timeout=60_000)
     bounds = grid.bounding_box()
     page.mouse.click(bounds["x"] + 18, bounds["y"] + 35 + 17)  # first data row, row-marker column
     # Exactly one row selected: "Open" and "Clone" enabled, and the action bar drawn anew (nothing stale).
@@ -223,9 +211,9 @@ def test_a_user_sees_others_runs_but_cannot_cancel_or_delete_them(team, browser)
     try:
         ana = auth.User(id=f"{team['issuer']}#{ANA}", name="Ana", email=ANA)
         with pytest.raises(auth.PermissionDenied):
-            services.cancel(team["ids"]["bob-running"], engine=engine, by=ana)
+            cancel(team["ids"]["bob-running"], engine=engine, by=ana)
         with pytest.raises(auth.PermissionDenied):
-            services.remove(team["ids"]["bob-done"], engine=engine, by=ana)
+            remove(team["ids"]["bob-done"], engine=engine, by=ana)
         assert not repo.get_run(engine, team["ids"]["bob-running"]).cancel_requested
     finally:
         engine.dispose()
@@ -277,6 +265,7 @@ def test_an_admin_may_cancel_and_delete_anyones_runs(team, browser):
         page.get_by_text("admin").first.wait_for()
         page.goto(f"{team['url']}/run?id={team['ids']['bob-running']}")
         page.get_by_role("heading", name="bob-running").wait_for()
+        settled(page)
         button(page, "Cancel").click()
         deadline = time.monotonic() + 120
         while not repo.get_run(engine, team["ids"]["bob-running"]).cancel_requested and time.monotonic() < deadline:
@@ -300,13 +289,15 @@ def test_download_links_take_an_opaque_artifact_id_only(team, browser, tmp_path)
     anonymous = new_page(browser)
     anonymous.goto(f"{team['url']}/artifact?id={team['ids']['artifact']}")
     button(anonymous, "Sign in").wait_for()
-    assert not anonymous.get_by_role("button", name="Download").count()
+    assert not anonymous.get_by_role("link", name="Download").count()
     anonymous.context.close()
     page = sign_in(browser, team, ANA)
     try:
         page.goto(f"{team['url']}/artifact?id={team['ids']['artifact']}")
+        page.get_by_role("link", name="Download").wait_for()  # the download route's link (app/web/downloads.py)
+        settled(page)
         with page.expect_download() as dl:
-            page.get_by_role("button", name="Download").click()
+            page.get_by_role("link", name="Download").click()
         saved = tmp_path / "model.onnx"
         dl.value.save_as(saved)
         assert saved.read_bytes() == b"onnx-bytes"
@@ -324,7 +315,7 @@ def test_download_links_take_an_opaque_artifact_id_only(team, browser, tmp_path)
 
 
 def test_downloads_take_an_opaque_artifact_id_only(team, monkeypatch):
-    """The download service (services.read_artifact) behind the Artifacts tab and the artifact link: the
+    """The download service (app.services.artifacts.read_artifact) behind the Artifacts tab and the artifact link: the
     registered id gives the file; an unknown id and anything path-like are refused."""
     from db.repo import ArtifactNotFound
 
@@ -332,12 +323,12 @@ def test_downloads_take_an_opaque_artifact_id_only(team, monkeypatch):
     monkeypatch.delenv("TORCHDECK_ARTIFACTS", raising=False)
     engine = make_engine(team["db"])
     try:
-        assert services.read_artifact(team["ids"]["artifact"], engine=engine) == b"onnx-bytes"
+        assert read_artifact(team["ids"]["artifact"], engine=engine) == b"onnx-bytes"
         with pytest.raises(ArtifactNotFound):
-            services.read_artifact("0" * 32, engine=engine)
+            read_artifact("0" * 32, engine=engine)
         for bad in ("../../../etc/passwd", "runs/x/export/model.onnx", "/etc/passwd", "file:///etc/passwd",
                     team["ids"]["artifact"] + "/..", ""):
-            with pytest.raises(services.InvalidArtifactId):
-                services.read_artifact(bad, engine=engine)
+            with pytest.raises(InvalidArtifactId):
+                read_artifact(bad, engine=engine)
     finally:
         engine.dispose()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SHOTS, free_port, stop_group, wait_http
+from conftest import SHOTS, ends_with_us, free_port, settled, stop_group, wait_http
 from playwright.sync_api import expect
 
 from db.engine import make_engine
@@ -54,8 +54,8 @@ def dashboard() -> Iterator[dict]:
                PYTHONUNBUFFERED="1")
     log = home / "ui.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ui", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(ends_with_us([sys.executable, "-m", "app.cli", "ui", "--port", str(port)]), cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
         yield {"url": f"http://127.0.0.1:{port}", "sweep_id": sweep_id, "log": log}
@@ -109,6 +109,7 @@ def test_a_sweep_made_in_the_new_run_form_opens_on_its_page(dashboard, browser):
     try:
         page.goto(f"{dashboard['url']}/new")
         page.get_by_role("button", name="Launch run").wait_for()
+        settled(page)  # every widget drawn (the page's button comes before them), nothing moving
         _widget(page, "nr.f.name").locator("input").fill("form-sweep")
         box = _widget(page, "nr.sw.on.optim.lr")
         box.locator("label").first.click()
@@ -118,8 +119,10 @@ def test_a_sweep_made_in_the_new_run_form_opens_on_its_page(dashboard, browser):
         expect(_widget(page, "nr.sw.r.optim.lr.high").locator("input")).to_have_value("0.01", timeout=WAIT_MS)
         page.get_by_text(re.compile(r"3 trials × 1 seed\(s\) = 3 runs")).wait_for()
         _shot(page, "sweep-02-form.png")
+        settled(page)
         page.get_by_role("button", name="Launch sweep").click()
         page.get_by_text("launched: 3 trials").wait_for()
+        settled(page)
         page.get_by_role("link", name="Open the sweep").click()
         page.wait_for_url(re.compile(r".*/sweep\?id=\w+"), timeout=WAIT_MS)
         page.get_by_role("heading", name="form-sweep").wait_for()

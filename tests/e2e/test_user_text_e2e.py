@@ -26,7 +26,7 @@ from db.types import MetricPoint
 ROOT = Path(__file__).resolve().parents[2]
 TAGS = ("`tick`", "a``b ` c", "**bold**")
 SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
-JOINER = "\u2060"  # app.fmt.WORD_JOINER: shows nothing, so what a reader sees is the text without it
+JOINER = "\u2060"  # app.present.text.WORD_JOINER: shows nothing, so what a reader sees is the text without it
 IDLE_JS = """() => {
     const app = document.querySelector("[data-testid='stApp']");
     return app && app.getAttribute("data-test-script-state") === "notRunning"
