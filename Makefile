@@ -10,7 +10,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test install system-deps bench clean
+.PHONY: up test lint format install system-deps bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,17 @@ up: install
 # on servers, browsers and worker processes), at most 4 (tests/conftest.py). `make test PYTEST_WORKERS=0`: one process.
 PYTEST_WORKERS ?= auto
 
-test: install system-deps
+test: install system-deps lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+# ruff (pyproject.toml's [tool.ruff]): the lint rules, and the code as the formatter writes it. `make format` applies both.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 bench: install
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -154,8 +154,9 @@ def user_from_claims(claims: Mapping[str, Any]) -> User | None:
     key = f"{iss}#{sub}"
     email = _text(claims, "email") if claims.get("email_verified") is True else ""
     name = _text(claims, "name") or email or _text(claims, "preferred_username") or sub
-    return User(id=key, name=name, is_admin=_listed(admins(), key, email or None), email=email or None,
-                groups=_groups(claims))
+    return User(
+        id=key, name=name, is_admin=_listed(admins(), key, email or None), email=email or None, groups=_groups(claims)
+    )
 
 
 def allow_list() -> dict[str, tuple[str, ...]]:
@@ -172,9 +173,11 @@ def is_member(user: User) -> bool:
         return True
     domains = {d.lower().lstrip("@") for d in rules.get(ALLOWED_DOMAINS_ENV, ())}
     domain = user.email.rsplit("@", 1)[-1].lower() if user.email and "@" in user.email else None
-    return (_listed(rules.get(ALLOWED_USERS_ENV, ()), user.id, user.email)
-            or (domain is not None and domain in domains)
-            or bool(user.groups & set(rules.get(ALLOWED_GROUPS_ENV, ()))))
+    return (
+        _listed(rules.get(ALLOWED_USERS_ENV, ()), user.id, user.email)
+        or (domain is not None and domain in domains)
+        or bool(user.groups & set(rules.get(ALLOWED_GROUPS_ENV, ())))
+    )
 
 
 def can_modify(user: User | None, thing: Any) -> bool:
@@ -197,8 +200,10 @@ def check_can_modify(user: User | None, run: Any, action: str, owner: str | None
     """PermissionDenied unless `user` may `action` this run; `owner` is how to name its owner (default the key)."""
     if not can_modify(user, run):
         who = user.describe() if user else "an anonymous user"
-        raise PermissionDenied(f"{who} may not {action} run {run.id}: it belongs to {owner or run.owner}, and only "
-                               f"its owner or an admin ({ADMINS_ENV}) may {action} it")
+        raise PermissionDenied(
+            f"{who} may not {action} run {run.id}: it belongs to {owner or run.owner}, and only "
+            f"its owner or an admin ({ADMINS_ENV}) may {action} it"
+        )
 
 
 # --- starting the UI ------------------------------------------------------------------------------
@@ -245,7 +250,8 @@ def serve_options(home: Path) -> list[str]:
             raise AuthNotConfigured(
                 f"{ADDRESS_ENV}={address}: in local mode the dashboard has no sign-in, so it is served on "
                 f"127.0.0.1 only. To share it, set {MODE_ENV}=team and configure sign-in "
-                f"({', '.join(OIDC_ENV.values())}).")
+                f"({', '.join(OIDC_ENV.values())})."
+            )
         return ["--server.address", "127.0.0.1"]
     missing = missing_config()
     if missing:
@@ -255,11 +261,18 @@ def serve_options(home: Path) -> list[str]:
             "with your provider (Keycloak, Google, Entra ID, …) with the redirect URI "
             "https://<dashboard address>/oauth2callback, then set the TORCHDECK_OIDC_* variables "
             "(see .env.example); a cookie secret can be made with "
-            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`.")
+            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`."
+        )
     # An uncaught error shows the visitor a generic message, never its traceback (the server's files) nor its
     # text (which may quote data of another person); the whole error goes to the server's log.
-    return ["--server.address", address or "0.0.0.0", "--secrets.files", str(write_secrets(home)),
-            "--client.showErrorDetails", "none"]
+    return [
+        "--server.address",
+        address or "0.0.0.0",
+        "--secrets.files",
+        str(write_secrets(home)),
+        "--client.showErrorDetails",
+        "none",
+    ]
 
 
 # --- in the dashboard (Streamlit) -----------------------------------------------------------------
@@ -282,14 +295,18 @@ def local_refusal(ip: str | None, headers: Mapping[str, str]) -> str | None:
     """Local mode has no sign-in, so it answers this machine only: why this request is refused, or None.
     A request through a reverse proxy comes from 127.0.0.1 too, so the proxy's headers refuse it."""
     if not _is_loopback(ip):
-        return ("This torchdeck dashboard runs in local mode, without sign-in: it only answers on this machine. "
-                f"Ask its owner to run it with {MODE_ENV}=team.")
+        return (
+            "This torchdeck dashboard runs in local mode, without sign-in: it only answers on this machine. "
+            f"Ask its owner to run it with {MODE_ENV}=team."
+        )
     sent = {str(h).lower() for h in headers}
     proxied = [h for h in PROXY_HEADERS if h.lower() in sent]
     if proxied:
-        return (f"This torchdeck dashboard runs in local mode, without sign-in, and this request came through a "
-                f"proxy ({', '.join(proxied)}): through a proxy anyone could reach it, so it answers this machine "
-                f"only. To serve it through a proxy, run it with {MODE_ENV}=team (sign-in, see .env.example).")
+        return (
+            f"This torchdeck dashboard runs in local mode, without sign-in, and this request came through a "
+            f"proxy ({', '.join(proxied)}): through a proxy anyone could reach it, so it answers this machine "
+            f"only. To serve it through a proxy, run it with {MODE_ENV}=team (sign-in, see .env.example)."
+        )
     return None
 
 
@@ -310,5 +327,7 @@ def sign_in_too_old(claims: Mapping[str, Any], now: float | None = None) -> str 
     age_h = ((now if now is not None else time.time()) - issued) / 3600
     if age_h <= limit_h:
         return None
-    return (f"Your sign-in is {age_h:.0f} hours old; this dashboard asks for a fresh one every {limit_h:g} hours "
-            f"({SESSION_MAX_AGE_ENV}), so that changes at the identity provider apply. Sign in again.")
+    return (
+        f"Your sign-in is {age_h:.0f} hours old; this dashboard asks for a fresh one every {limit_h:g} hours "
+        f"({SESSION_MAX_AGE_ENV}), so that changes at the identity provider apply. Sign in again."
+    )

@@ -33,5 +33,8 @@ async def live(request):
 
 
 os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live.route.served(): the pages may hand out grants
-app = st.App(str(ROOT / "app" / "main.py"), routes=[Route(LIVE_PATH, live, methods=["GET"]), *downloads.routes()],
-             middleware=front_door.middleware())
+app = st.App(
+    str(ROOT / "app" / "main.py"),
+    routes=[Route(LIVE_PATH, live, methods=["GET"]), *downloads.routes()],
+    middleware=front_door.middleware(),
+)

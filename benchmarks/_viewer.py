@@ -29,10 +29,19 @@ from db import repo
 
 # Far longer than any measurement (the bench cancels it afterwards). One torch thread: the other core is left to
 # the server and the browser, as in local mode on a small machine.
-RUN_SPEC = {"data": {"name": "digits", "image_size": 16}, "model": {"name": "simple_cnn"},
-            "train": {"epochs": 10_000, "batch_size": 32, "log_every": 5, "diag_every": 25,
-                      "early_stopping": {"enabled": False}},
-            "loader": {"num_workers": 0}, "seed": 0}
+RUN_SPEC = {
+    "data": {"name": "digits", "image_size": 16},
+    "model": {"name": "simple_cnn"},
+    "train": {
+        "epochs": 10_000,
+        "batch_size": 32,
+        "log_every": 5,
+        "diag_every": 25,
+        "early_stopping": {"enabled": False},
+    },
+    "loader": {"num_workers": 0},
+    "seed": 0,
+}
 
 
 class NotTraining(RuntimeError):
@@ -76,17 +85,20 @@ def stop_training(engine: Engine, run_id: str, proc: mp.Process) -> None:
 def training_mark(engine: Engine, run_id: str) -> tuple[str, int]:
     """(the run's status, the last train/loss step stored)."""
     with engine.connect() as c:
-        last = c.execute(text("select max(step) from metric where run_id=:r and key='train/loss'"),
-                         {"r": run_id}).scalar()
+        last = c.execute(
+            text("select max(step) from metric where run_id=:r and key='train/loss'"), {"r": run_id}
+        ).scalar()
     return repo.get_run(engine, run_id).status, int(last or 0)
 
 
 def check_training(what: str, before: tuple[str, int], after: tuple[str, int]) -> int:
     """The train/loss steps stored during the window `what`; NotTraining unless the run trained throughout."""
     if before[0] != "running" or after[0] != "running" or after[1] <= before[1]:
-        raise NotTraining(f"{what}: the run was {before[0]} at the window's start (last step {before[1]}) and "
-                          f"{after[0]} at its end (last step {after[1]}); a figure of a run that is not training "
-                          "is not a live page's cost")
+        raise NotTraining(
+            f"{what}: the run was {before[0]} at the window's start (last step {before[1]}) and "
+            f"{after[0]} at its end (last step {after[1]}); a figure of a run that is not training "
+            "is not a live page's cost"
+        )
     return after[1] - before[1]
 
 
@@ -125,8 +137,14 @@ class Sample:
     steps: int  # train/loss steps the run stored during the window
 
 
-def sample(engine: Engine, run_id: str, server_pid: int, seconds: float, what: str,
-           drawn: Callable[[], list[int]] | None = None) -> Sample:
+def sample(
+    engine: Engine,
+    run_id: str,
+    server_pid: int,
+    seconds: float,
+    what: str,
+    drawn: Callable[[], list[int]] | None = None,
+) -> Sample:
     """One measuring window of `seconds`: the run must train throughout it, and each open page (`drawn()`: the
     last step each page has drawn) must draw newer steps by its end."""
     server, browser = [psutil.Process(server_pid)], browser_processes()
@@ -139,8 +157,10 @@ def sample(engine: Engine, run_id: str, server_pid: int, seconds: float, what: s
         pages1 = drawn()
         stale = [i for i, (a, b) in enumerate(zip(pages0, pages1, strict=True)) if b <= a]
         if stale:
-            raise NotTraining(f"{what}: page(s) {stale} drew no newer step during the window (last drawn "
-                              f"{pages0} → {pages1}): not a live page")
+            raise NotTraining(
+                f"{what}: page(s) {stale} drew no newer step during the window (last drawn "
+                f"{pages0} → {pages1}): not a live page"
+            )
     return Sample(100 * _spent(s0, s1) / wall, 100 * _spent(b0, b1) / wall, steps)
 
 
@@ -159,8 +179,19 @@ class ViewerCost:
         return [s.browser_pct / self.viewers for s in self.open]
 
 
-def viewer_cost(browser, server_url: str, server_pid: int, engine: Engine, run_id: str, viewers: int, seconds: float,
-                ready: Callable, last_drawn: Callable, sample_s: float = 10.0, into: ViewerCost | None = None) -> ViewerCost:
+def viewer_cost(
+    browser,
+    server_url: str,
+    server_pid: int,
+    engine: Engine,
+    run_id: str,
+    viewers: int,
+    seconds: float,
+    ready: Callable,
+    last_drawn: Callable,
+    sample_s: float = 10.0,
+    into: ViewerCost | None = None,
+) -> ViewerCost:
     """`viewers` pages open on the run's live Run page for `seconds`, in samples of `sample_s`, after one idle
     sample of the server with no page open. `ready(page)` waits until a page has drawn its charts and returns
     the chart's frame; `last_drawn(page, frame)` is the last step drawn there (and may find the frame again)."""
@@ -183,7 +214,9 @@ def viewer_cost(browser, server_url: str, server_pid: int, engine: Engine, run_i
             return out
 
         for k in range(max(1, round(seconds / sample_s))):
-            cost.open.append(sample(engine, run_id, server_pid, sample_s, f"{viewers} viewer(s), sample {k + 1}", drawn))
+            cost.open.append(
+                sample(engine, run_id, server_pid, sample_s, f"{viewers} viewer(s), sample {k + 1}", drawn)
+            )
     finally:
         for page, _ in pages:
             page.close()
@@ -194,5 +227,8 @@ def spread(values: list[float]) -> str:
     def fmt(v: float) -> str:
         return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
-    return (f"n={len(values)} min {fmt(min(values))} median {fmt(statistics.median(values))} max {fmt(max(values))}"
-            if values else "n=0")
+    return (
+        f"n={len(values)} min {fmt(min(values))} median {fmt(statistics.median(values))} max {fmt(max(values))}"
+        if values
+        else "n=0"
+    )

@@ -57,9 +57,17 @@ from db.migrate import upgrade
 from db.models import Run
 from db.types import MetricPoint, utcnow
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-SPEC = RunSpec.model_validate({"data": {"name": "digits", "image_size": 16}, "train": {"epochs": 10}}).model_dump(mode="json")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SPEC = RunSpec.model_validate({"data": {"name": "digits", "image_size": 16}, "train": {"epochs": 10}}).model_dump(
+    mode="json"
+)
 
 
 FILTER = "val/acc > 0.5"  # the Runs page's metric filter of runs_page_ms_100k
@@ -87,11 +95,28 @@ def seed_runs(engine: Engine, n: int) -> None:
     for first in range(0, n, 1000):
         ids = [f"r{i:011d}" for i in range(first, min(first + 1000, n))]
         with connection_scope(engine, write=True) as conn:
-            conn.execute(insert(Run), [{
-                "id": run_id, "name": f"run-{run_id}", "owner": ("ana", "bo", "chen")[i % 3], "status": "completed",
-                "spec": SPEC, "spec_hash": "0" * 64, "created_at": now, "started_at": now, "finished_at": now,
-                "attempt": 1, "progress": 1.0, "summary": {"best": {"metric": "val/acc", "value": 0.9, "epoch": 7}},
-                "cancel_requested": False, "worker_id": "cpu@bench"} for i, run_id in enumerate(ids)])
+            conn.execute(
+                insert(Run),
+                [
+                    {
+                        "id": run_id,
+                        "name": f"run-{run_id}",
+                        "owner": ("ana", "bo", "chen")[i % 3],
+                        "status": "completed",
+                        "spec": SPEC,
+                        "spec_hash": "0" * 64,
+                        "created_at": now,
+                        "started_at": now,
+                        "finished_at": now,
+                        "attempt": 1,
+                        "progress": 1.0,
+                        "summary": {"best": {"metric": "val/acc", "value": 0.9, "epoch": 7}},
+                        "cancel_requested": False,
+                        "worker_id": "cpu@bench",
+                    }
+                    for i, run_id in enumerate(ids)
+                ],
+            )
             for j, run_id in enumerate(ids):
                 points = [MetricPoint(k, s, _value(j, s)) for k in ("val/loss", "val/acc") for s in range(STEPS)]
                 write_batch(conn, prepare(run_id, points))
@@ -133,12 +158,29 @@ def seed_series(engine: Engine, n_runs: int, n_points: int) -> list[str]:
         repo.claim_run(engine, r.id, "cpu@bench", device="cpu")
         for first in range(1, n_points + 1, 50_000):
             steps = range(first, min(first + 50_000, n_points + 1))
-            repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, 2.3 / (1 + s * (1 + i) / 5e4) + (s % 7) / 100,
-                                                            1 + (s - 1) // per_epoch, 1.7e9 + s / 100) for s in steps])
-        repo.append_metrics(engine, r.id, [MetricPoint(k, e * per_epoch, v, e, 1.7e9 + e * per_epoch / 100)
-                                           for e in range(1, epochs + 1)
-                                           for k, v in (("val/loss", 1 / e), ("val/acc", 0.9 - 0.2 / e + i / 1000),
-                                                        ("epoch_time_s", 10.0))])
+            repo.append_metrics(
+                engine,
+                r.id,
+                [
+                    MetricPoint(
+                        "train/loss",
+                        s,
+                        2.3 / (1 + s * (1 + i) / 5e4) + (s % 7) / 100,
+                        1 + (s - 1) // per_epoch,
+                        1.7e9 + s / 100,
+                    )
+                    for s in steps
+                ],
+            )
+        repo.append_metrics(
+            engine,
+            r.id,
+            [
+                MetricPoint(k, e * per_epoch, v, e, 1.7e9 + e * per_epoch / 100)
+                for e in range(1, epochs + 1)
+                for k, v in (("val/loss", 1 / e), ("val/acc", 0.9 - 0.2 / e + i / 1000), ("epoch_time_s", 10.0))
+            ],
+        )
         repo.finish_run(engine, r.id, "completed", summary={"best": {"metric": "val/acc", "value": 0.9, "epoch": 10}})
         ids.append(r.id)
     return ids
@@ -157,8 +199,9 @@ class Server:
         self.log = open(home / "ui.log", "wb")  # noqa: SIM115
         from app.cli.processes import ui_command
 
-        self.proc = subprocess.Popen(ui_command(home, self.port), cwd=ROOT, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            ui_command(home, self.port), cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         for _ in range(240):
             try:
@@ -194,6 +237,7 @@ def compare_page_ms(page, server: Server, ids: list[str], repeats: int = 5) -> t
     (the page's URL changes inside the running app, as the sidebar and the Runs page's Compare
     button do), from the Workers page (no chart on it), in a tab that has drawn a chart before. Each
     in-app visit lists the 20 runs in another order, so the server never answers from its cache."""
+
     def drawn(n_runs: int, t0: float) -> float:
         page.wait_for_function(DRAWN_JS, arg=[3, n_runs], timeout=120_000, polling=20)
         return (time.perf_counter() - t0) * 1000
@@ -213,8 +257,11 @@ def compare_page_ms(page, server: Server, ids: list[str], repeats: int = 5) -> t
         t0 = time.perf_counter()
         page.evaluate(NAVIGATE_JS, f"/compare?ids={','.join(order)}")
         times.append(drawn(len(ids), t0))
-    print(f"# {len(ids)} runs, in-app visits (ms; the first with nothing of these runs cached on the server): "
-          + " ".join(f"{v:.0f}" for v in times), flush=True)
+    print(
+        f"# {len(ids)} runs, in-app visits (ms; the first with nothing of these runs cached on the server): "
+        + " ".join(f"{v:.0f}" for v in times),
+        flush=True,
+    )
     return first, statistics.median(times)
 
 
@@ -259,8 +306,9 @@ def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> floa
     for i in range(samples):
         step = 2 + i
         time.sleep(0.37 * (i % 4))  # writes land at every phase of the page's refresh cycle
-        repo.append_metrics(engine, r.id, [MetricPoint("train/loss", step, 2.3 / step, 1, time.time())],
-                            worker_id="cpu@bench")
+        repo.append_metrics(
+            engine, r.id, [MetricPoint("train/loss", step, 2.3 / step, 1, time.time())], worker_id="cpu@bench"
+        )
         t0 = time.perf_counter()
         _wait_step(frame, step)
         latencies.append(time.perf_counter() - t0)
@@ -289,9 +337,19 @@ def viewer_lines(browser, server: Server, engine: Engine, seconds: float, rounds
     costs = {1: _viewer.ViewerCost(1), 3: _viewer.ViewerCost(3)}
     try:
         for r in range(rounds):
-            for viewers in ((1, 3) if r % 2 == 0 else (3, 1)):
-                _viewer.viewer_cost(browser, server.url, server.proc.pid, engine, run_id, viewers, seconds / rounds,
-                                    ready=_chart_frame, last_drawn=_last_drawn, into=costs[viewers])
+            for viewers in (1, 3) if r % 2 == 0 else (3, 1):
+                _viewer.viewer_cost(
+                    browser,
+                    server.url,
+                    server.proc.pid,
+                    engine,
+                    run_id,
+                    viewers,
+                    seconds / rounds,
+                    ready=_chart_frame,
+                    last_drawn=_last_drawn,
+                    into=costs[viewers],
+                )
     except _viewer.NotTraining as e:
         raise SystemExit(f"bench_app: {e}") from None
     finally:
@@ -299,10 +357,13 @@ def viewer_lines(browser, server: Server, engine: Engine, seconds: float, rounds
     for viewers, cost in costs.items():
         suffix = "" if viewers == 1 else f"_{viewers}_viewers"
         srv, chromium = cost.server_per_viewer(), cost.browser_per_viewer()
-        print(f"# {viewers} viewer(s), per viewer, samples of 10 s over {rounds} round(s): server % "
-              f"{_viewer.spread(srv)}; browser % {_viewer.spread(chromium)}; idle server % "
-              f"{_viewer.spread([s.server_pct for s in cost.idle])}; train/loss steps stored per sample "
-              f"{_viewer.spread([s.steps for s in cost.open])}", flush=True)
+        print(
+            f"# {viewers} viewer(s), per viewer, samples of 10 s over {rounds} round(s): server % "
+            f"{_viewer.spread(srv)}; browser % {_viewer.spread(chromium)}; idle server % "
+            f"{_viewer.spread([s.server_pct for s in cost.idle])}; train/loss steps stored per sample "
+            f"{_viewer.spread([s.steps for s in cost.open])}",
+            flush=True,
+        )
         emit(f"server_cpu_per_viewer_pct{suffix}", statistics.median(srv))
         emit(f"browser_cpu_per_viewer_pct{suffix}", statistics.median(chromium))
 
@@ -352,8 +413,11 @@ def _main(args: argparse.Namespace, n_runs: int, n_points: int, samples: int) ->
                 page = browser.new_page(viewport={"width": 1400, "height": 1200})
                 if ids:
                     first, returning = compare_page_ms(page, server, ids[:20])
-                    print(f"# first visit, full page load of a fresh browser (downloads and compiles Plotly; "
-                          f"2 runs): {first:.0f} ms", flush=True)
+                    print(
+                        f"# first visit, full page load of a fresh browser (downloads and compiles Plotly; "
+                        f"2 runs): {first:.0f} ms",
+                        flush=True,
+                    )
                     emit(f"run_page_ms_20x{n_points // 1000}k", returning)
                     _, hundred = compare_page_ms(page, server, ids, repeats=3)
                     emit(f"compare_ms_{len(ids)}x{n_points // 1000}k", hundred)

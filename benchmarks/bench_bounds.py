@@ -77,8 +77,10 @@ def crafted_zip(entries: int) -> bytes:
     """A zip (zip64) whose central directory lists `entries` empty files (as tests/app/test_upload_costs.py)."""
     head = struct.Struct("<4s4B4HL2L5H2L")
     names = (f"c{i % 2}/{i}.png".encode() for i in range(entries))
-    directory = b"".join(head.pack(b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0x21, 0, 0, 0, len(n), 0, 0, 0, 0,
-                                   0o100644 << 16, 0) + n for n in names)
+    directory = b"".join(
+        head.pack(b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0x21, 0, 0, 0, len(n), 0, 0, 0, 0, 0o100644 << 16, 0) + n
+        for n in names
+    )
     tail = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, len(directory), 0)
     tail += struct.pack("<4sLQL", b"PK\x06\x07", 0, len(directory), 1)
     return directory + tail + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, len(directory), 0, 0)
@@ -163,8 +165,15 @@ def download_case(engine, home: Path, megabytes: int, repeats: int) -> None:
             f.write(os.urandom(1 << 20))
     size, digest = path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
     art = repo.add_artifact(engine, run.id, "checkpoint_best", path.as_uri(), size=size, sha256=digest)
-    scope = {"type": "http", "method": "GET", "path": downloads.url(art.id), "headers": [], "query_string": b"",
-             "client": ("127.0.0.1", 50000), "path_params": {"artifact_id": art.id}}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": downloads.url(art.id),
+        "headers": [],
+        "query_string": b"",
+        "client": ("127.0.0.1", 50000),
+        "path_params": {"artifact_id": art.id},
+    }
 
     def fetch() -> None:
         answer = downloads.download(Request(scope))

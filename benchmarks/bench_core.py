@@ -67,7 +67,9 @@ from core.events import JsonlSink, NeverStop
 from core.train import build_trainer, seed_everything
 
 
-def bare_epoch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bs: int, steps: int) -> None:
+def bare_epoch(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bs: int, steps: int
+) -> None:
     crit = nn.CrossEntropyLoss()
     model.train()
     perm = torch.randperm(len(y))
@@ -137,10 +139,20 @@ def load() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100, help="steps per timed epoch")
-    ap.add_argument("--pairs", "--repeats", type=int, default=20, dest="pairs",
-                    help="undisturbed (core, bare) pairs to time (at most 4× as many are run)")
-    ap.add_argument("--max-seconds", type=float, default=420,
-                    help="stop adding pairs (warm-up included) after this long: the default run stays under 8 min")
+    ap.add_argument(
+        "--pairs",
+        "--repeats",
+        type=int,
+        default=20,
+        dest="pairs",
+        help="undisturbed (core, bare) pairs to time (at most 4× as many are run)",
+    )
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=420,
+        help="stop adding pairs (warm-up included) after this long: the default run stays under 8 min",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--verbose", action="store_true", help="print every pair: ms per step, CPU per wall s, preemptions")
     args = ap.parse_args()
@@ -151,13 +163,30 @@ def main() -> None:
         pass
     print(f"# load {load()} at the start, {os.cpu_count()} cores", flush=True)
     bs = 64
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_classes": 10, "num_samples": bs * args.steps * 5 // 4, "size": 32, "channels": 3,
-                 "val_fraction": 0.2},
-        "model": {"name": "simple_cnn"}, "optim": {"name": "adam", "lr": 1e-3},
-        "train": {"batch_size": bs, "log_every": 10, "diag_every": 50, "steps_per_epoch": args.steps, "grad_clip": {"mode": "none"}},
-        "export": {"formats": []}, "device": "cpu", "seed": 0,
-    })
+    spec = RunSpec.from_dict(
+        {
+            "data": {
+                "name": "synthetic",
+                "num_classes": 10,
+                "num_samples": bs * args.steps * 5 // 4,
+                "size": 32,
+                "channels": 3,
+                "val_fraction": 0.2,
+            },
+            "model": {"name": "simple_cnn"},
+            "optim": {"name": "adam", "lr": 1e-3},
+            "train": {
+                "batch_size": bs,
+                "log_every": 10,
+                "diag_every": 50,
+                "steps_per_epoch": args.steps,
+                "grad_clip": {"mode": "none"},
+            },
+            "export": {"formats": []},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     seed_everything(0, False)
     with tempfile.TemporaryDirectory() as d:
         sink = JsonlSink(d)
@@ -183,7 +212,9 @@ def main() -> None:
         start = time.monotonic()
         deadline, warm_deadline = start + args.max_seconds, start + args.max_seconds / 3
         warm: list[tuple[Epoch, Epoch]] = []
-        while len(warm) < 12 and time.monotonic() < warm_deadline:  # ≥ 5 pairs, until 2 undisturbed ones stop getting faster
+        while (
+            len(warm) < 12 and time.monotonic() < warm_deadline
+        ):  # ≥ 5 pairs, until 2 undisturbed ones stop getting faster
             warm.append(pair(len(warm) % 2 == 0))
             last = [p for p in warm[-3:] if clean(p, args.threads)]
             if len(warm) >= 5 and len(last) >= 2 and all(last[-1][k].wall >= 0.98 * last[-2][k].wall for k in (0, 1)):
@@ -197,43 +228,63 @@ def main() -> None:
         steal1, total1 = steal_ticks()
         sink.close()
     if not pairs:
-        raise SystemExit(f"bench_core: no pair was timed within --max-seconds {args.max_seconds:.0f} ({len(warm)} warm-up "
-                         f"pairs took {sum(e.wall for p in warm for e in p) * args.steps:.0f} s): the machine is too busy")
+        raise SystemExit(
+            f"bench_core: no pair was timed within --max-seconds {args.max_seconds:.0f} ({len(warm)} warm-up "
+            f"pairs took {sum(e.wall for p in warm for e in p) * args.steps:.0f} s): the machine is too busy"
+        )
     kept = [p for p in pairs if clean(p, args.threads)]
     all_ratios = [c.wall / b.wall for c, b in pairs]
-    print(f"threads={args.threads} batch={bs} steps={args.steps} pairs={len(pairs)} undisturbed_pairs={len(kept)} "
-          f"warmup_pairs={len(warm)}")
-    print("# per-pair ratios (* disturbed): " + " ".join(
-        f"{r:.3f}" + ("" if clean(p, args.threads) else "*") for r, p in zip(all_ratios, pairs, strict=True)))
+    print(
+        f"threads={args.threads} batch={bs} steps={args.steps} pairs={len(pairs)} undisturbed_pairs={len(kept)} "
+        f"warmup_pairs={len(warm)}"
+    )
+    print(
+        "# per-pair ratios (* disturbed): "
+        + " ".join(f"{r:.3f}" + ("" if clean(p, args.threads) else "*") for r, p in zip(all_ratios, pairs, strict=True))
+    )
     if args.verbose:
         for i, (c, b) in enumerate(pairs):
-            print(f"# pair {i:2d} ({'core' if i % 2 == 0 else 'bare'} first): core {c.wall * 1e3:6.2f} ms cpu {c.cpu:.2f} "
-                  f"preempted {c.preempted:5d} faults {c.faults:6d} | bare {b.wall * 1e3:6.2f} ms cpu {b.cpu:.2f} "
-                  f"preempted {b.preempted:5d} faults {b.faults:6d} "
-                  f"| ratio {c.wall / b.wall:.3f}")
-    print(f"# disturbance: {len(pairs) - len(kept)} of {len(pairs)} pairs had an epoch whose CPU per wall s fell under "
-          f"{CLEAN_CPU} × {args.threads} threads (another process took a core); involuntary context switches per epoch, "
-          f"median {statistics.median(e.preempted for p in pairs for e in p):.0f} (undisturbed "
-          f"{statistics.median(e.preempted for p in kept for e in p) if kept else float('nan'):.0f}); host steal "
-          f"{100 * (steal1 - steal0) / max(1, total1 - total0):.1f} %; load {load()} at the end")
-    print(f"# all {len(pairs)} pairs: median ratio {statistics.median(all_ratios):.3f}, min {min(all_ratios):.3f} "
-          f"max {max(all_ratios):.3f}; ratio of the medians (the old headline) "
-          f"{statistics.median(c.wall for c, _ in pairs) / statistics.median(b.wall for _, b in pairs):.3f}")
+            print(
+                f"# pair {i:2d} ({'core' if i % 2 == 0 else 'bare'} first): core {c.wall * 1e3:6.2f} ms cpu {c.cpu:.2f} "
+                f"preempted {c.preempted:5d} faults {c.faults:6d} | bare {b.wall * 1e3:6.2f} ms cpu {b.cpu:.2f} "
+                f"preempted {b.preempted:5d} faults {b.faults:6d} "
+                f"| ratio {c.wall / b.wall:.3f}"
+            )
+    print(
+        f"# disturbance: {len(pairs) - len(kept)} of {len(pairs)} pairs had an epoch whose CPU per wall s fell under "
+        f"{CLEAN_CPU} × {args.threads} threads (another process took a core); involuntary context switches per epoch, "
+        f"median {statistics.median(e.preempted for p in pairs for e in p):.0f} (undisturbed "
+        f"{statistics.median(e.preempted for p in kept for e in p) if kept else float('nan'):.0f}); host steal "
+        f"{100 * (steal1 - steal0) / max(1, total1 - total0):.1f} %; load {load()} at the end"
+    )
+    print(
+        f"# all {len(pairs)} pairs: median ratio {statistics.median(all_ratios):.3f}, min {min(all_ratios):.3f} "
+        f"max {max(all_ratios):.3f}; ratio of the medians (the old headline) "
+        f"{statistics.median(c.wall for c, _ in pairs) / statistics.median(b.wall for _, b in pairs):.3f}"
+    )
     if len(kept) < MIN_KEPT:
-        raise SystemExit(f"bench_core: only {len(kept)} of {len(pairs)} pairs ran undisturbed (at least {MIN_KEPT} "
-                         f"needed): the machine was too busy for a figure of a few per cent; run it again on a quieter "
-                         f"machine, or with --threads 1")
+        raise SystemExit(
+            f"bench_core: only {len(kept)} of {len(pairs)} pairs ran undisturbed (at least {MIN_KEPT} "
+            f"needed): the machine was too busy for a figure of a few per cent; run it again on a quieter "
+            f"machine, or with --threads 1"
+        )
     ratios = [c.wall / b.wall for c, b in kept]
     q1, med, q3 = quartiles(ratios)
     lo, hi = bootstrap_median(ratios)
     half = len(ratios) // 2
-    order = {first: [c.wall / b.wall for i, (c, b) in enumerate(pairs) if (i % 2 == 0) == first and clean((c, b), args.threads)]
-             for first in (True, False)}
-    print(f"# undisturbed pairs: ratio median {med:.3f}, IQR {q1:.3f}-{q3:.3f}, bootstrap 95 % interval of the median "
-          f"{lo:.3f}-{hi:.3f}, min {min(ratios):.3f} max {max(ratios):.3f}; order: core first "
-          f"{statistics.median(order[True]) if order[True] else float('nan'):.3f}, bare first "
-          f"{statistics.median(order[False]) if order[False] else float('nan'):.3f}; drift: first half "
-          f"{statistics.median(ratios[:half] or ratios):.3f}, second half {statistics.median(ratios[half:]):.3f}")
+    order = {
+        first: [
+            c.wall / b.wall for i, (c, b) in enumerate(pairs) if (i % 2 == 0) == first and clean((c, b), args.threads)
+        ]
+        for first in (True, False)
+    }
+    print(
+        f"# undisturbed pairs: ratio median {med:.3f}, IQR {q1:.3f}-{q3:.3f}, bootstrap 95 % interval of the median "
+        f"{lo:.3f}-{hi:.3f}, min {min(ratios):.3f} max {max(ratios):.3f}; order: core first "
+        f"{statistics.median(order[True]) if order[True] else float('nan'):.3f}, bare first "
+        f"{statistics.median(order[False]) if order[False] else float('nan'):.3f}; drift: first half "
+        f"{statistics.median(ratios[:half] or ratios):.3f}, second half {statistics.median(ratios[half:]):.3f}"
+    )
     print(f"core_step_ms={statistics.median(c.wall for c, _ in kept) * 1e3:.3f}")
     print(f"bare_step_ms={statistics.median(b.wall for _, b in kept) * 1e3:.3f}")
     print(f"core_vs_bare_ratio_ci95={lo:.3f}-{hi:.3f}")

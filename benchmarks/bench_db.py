@@ -94,7 +94,7 @@ class RawSQLite:
     def insert(self, rows: list[tuple]) -> None:
         for i in range(0, len(rows), BATCH):
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany("INSERT INTO metric VALUES (?, ?, ?, ?, ?, ?, ?)", rows[i:i + BATCH])
+            self.conn.executemany("INSERT INTO metric VALUES (?, ?, ?, ?, ?, ?, ?)", rows[i : i + BATCH])
             self.conn.execute("COMMIT")
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
@@ -110,19 +110,20 @@ class RawPostgres:
         import psycopg
 
         parts = make_url(url)
-        self.conn = psycopg.connect(dbname=parts.database, user=parts.username,
-                                    host=parts.query["host"], port=int(parts.query["port"]))
+        self.conn = psycopg.connect(
+            dbname=parts.database, user=parts.username, host=parts.query["host"], port=int(parts.query["port"])
+        )
 
     def insert(self, rows: list[tuple]) -> None:
         for i in range(0, len(rows), BATCH):
             with self.conn.cursor() as cur:
-                cur.executemany("INSERT INTO metric VALUES (%s, %s, %s, %s, %s, %s, %s)", rows[i:i + BATCH])
+                cur.executemany("INSERT INTO metric VALUES (%s, %s, %s, %s, %s, %s, %s)", rows[i : i + BATCH])
             self.conn.commit()
 
     def copy(self, rows: list[tuple]) -> None:
         for i in range(0, len(rows), BATCH):
             with self.conn.cursor() as cur, cur.copy("COPY metric FROM STDIN") as copy:
-                for row in rows[i:i + BATCH]:
+                for row in rows[i : i + BATCH]:
                     copy.write_row(row)
             self.conn.commit()
 
@@ -130,18 +131,16 @@ class RawPostgres:
         return self.conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
 
 
-def bench_ingest(
-    engine: Engine, raw: Any, points: list[MetricPoint], raw_every: int
-) -> tuple[str, dict[str, float]]:
+def bench_ingest(engine: Engine, raw: Any, points: list[MetricPoint], raw_every: int) -> tuple[str, dict[str, float]]:
     """Points/s of torchdeck and of the baselines, alternating chunk by chunk."""
     run_id = repo.create_run(engine, {"bench": "ingest"}).id
     spent = {"torchdeck": 0.0, "raw": 0.0, "copy": 0.0}
     raw_points = 0
     for n, first in enumerate(range(0, len(points), CHUNK)):
-        chunk = points[first:first + CHUNK]
+        chunk = points[first : first + CHUNK]
         start = time.perf_counter()
         for i in range(0, len(chunk), BATCH):
-            repo.append_metrics(engine, run_id, chunk[i:i + BATCH])
+            repo.append_metrics(engine, run_id, chunk[i : i + BATCH])
         spent["torchdeck"] += time.perf_counter() - start
         if n % raw_every:
             continue
@@ -165,10 +164,24 @@ def seed_runs(engine: Engine, n_runs: int) -> None:
     for first in range(0, n_runs, 1000):
         ids = [f"b{i:011d}" for i in range(first, min(first + 1000, n_runs))]
         with connection_scope(engine, write=True) as conn:
-            conn.execute(insert(Run), [dict(
-                id=run_id, name=f"run {run_id}", owner="bench", status="completed", spec={"i": run_id},
-                spec_hash="0" * 64, created_at=now, attempt=1, summary={}, cancel_requested=False,
-            ) for run_id in ids])
+            conn.execute(
+                insert(Run),
+                [
+                    dict(
+                        id=run_id,
+                        name=f"run {run_id}",
+                        owner="bench",
+                        status="completed",
+                        spec={"i": run_id},
+                        spec_hash="0" * 64,
+                        created_at=now,
+                        attempt=1,
+                        summary={},
+                        cancel_requested=False,
+                    )
+                    for run_id in ids
+                ],
+            )
             for j, run_id in enumerate(ids):
                 points = [MetricPoint(k, s, (j % 97) / 97 + s / 100) for k in SUMMARY_KEYS for s in range(20)]
                 write_batch(conn, prepare(run_id, points))
@@ -191,8 +204,7 @@ def run_backend(name: str, url: str, raw_url: str, n_points: int, n_runs: int) -
 
     chart = repo.series(engine, run_id, KEY)
     series_ms = median_ms(lambda: repo.series(engine, run_id, KEY))
-    select_all = (f"SELECT step, value FROM metric WHERE run_id = {raw.mark} AND key = {raw.mark}"
-                  " ORDER BY step")
+    select_all = f"SELECT step, value FROM metric WHERE run_id = {raw.mark} AND key = {raw.mark} ORDER BY step"
     raw_series_ms = median_ms(lambda: raw.execute(select_all, (run_id, KEY)), repeat=5)
 
     seed_runs(engine, n_runs)
@@ -224,16 +236,13 @@ def run_postgres(n_points: int, n_runs: int) -> None:
         print(f"# postgres skipped: {exc}", file=sys.stderr)
         return
     try:
-        run_backend("postgres", server.create_database("bench"), server.create_database("bench_raw"),
-                    n_points, n_runs)
+        run_backend("postgres", server.create_database("bench"), server.create_database("bench_raw"), n_points, n_runs)
     finally:
         server.stop()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100k points and 1k runs")
     parser.add_argument("--no-postgres", action="store_true")
     args = parser.parse_args()

@@ -27,14 +27,26 @@ from core.train import run_training
 def steps_per_s(gpus: int, steps: int, epochs: int, cores: int) -> list[float]:
     """Steps/s of each epoch after the first of one run on `gpus` processes."""
     bs = 64
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_classes": 10, "num_samples": bs * steps * 5 // 4, "size": 32, "channels": 3,
-                 "val_fraction": 0.2},
-        "model": {"name": "simple_cnn"}, "optim": {"name": "adam", "lr": 1e-3},
-        "train": {"batch_size": bs, "epochs": epochs, "log_every": 10, "diag_every": 50, "steps_per_epoch": steps},
-        "export": {"formats": []}, "checkpoint": {"save_last": False, "save_best": False},
-        "resources": {"gpus": gpus}, "device": "cpu", "seed": 0,
-    })
+    spec = RunSpec.from_dict(
+        {
+            "data": {
+                "name": "synthetic",
+                "num_classes": 10,
+                "num_samples": bs * steps * 5 // 4,
+                "size": 32,
+                "channels": 3,
+                "val_fraction": 0.2,
+            },
+            "model": {"name": "simple_cnn"},
+            "optim": {"name": "adam", "lr": 1e-3},
+            "train": {"batch_size": bs, "epochs": epochs, "log_every": 10, "diag_every": 50, "steps_per_epoch": steps},
+            "export": {"formats": []},
+            "checkpoint": {"save_last": False, "save_best": False},
+            "resources": {"gpus": gpus},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     torch.set_num_threads(cores)  # the 2-process run sets its ranks' threads itself (cores // 2 each)
     sink = MemorySink()
     with tempfile.TemporaryDirectory() as d:
@@ -53,7 +65,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     single, ddp = [], []
     for r in range(args.repeats):
-        for gpus in ((1, 2) if r % 2 == 0 else (2, 1)):
+        for gpus in (1, 2) if r % 2 == 0 else (2, 1):
             (single if gpus == 1 else ddp).extend(steps_per_s(gpus, args.steps, args.epochs, cores))
     s, d = statistics.median(single), statistics.median(ddp)
     print(f"cores={cores} global_batch=64 steps={args.steps} epochs={args.epochs} repeats={args.repeats}")

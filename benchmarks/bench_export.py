@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from core.config import DataSpec, ModelSpec, RunSpec  # noqa: E402
 from core.data import Preprocess, load_data  # noqa: E402
 from core.export import export_model  # noqa: E402
-from core.names import EXPORT_FORMATS as FORMATS  # noqa: E402
 from core.models import build_model  # noqa: E402
+from core.names import EXPORT_FORMATS as FORMATS  # noqa: E402
 
 
 def _validation_batch(samples: int) -> tuple[torch.Tensor, dict]:
@@ -35,26 +35,40 @@ def _validation_batch(samples: int) -> tuple[torch.Tensor, dict]:
     data = load_data(spec.data, seed=spec.seed)
     x = Preprocess(data.info, None, torch.device("cpu"))(data.val.images[:samples])
     info = data.info
-    meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size,
-            "mean": info.mean, "std": info.std, "spec_hash": spec.spec_hash()}
+    meta = {
+        "class_names": info.class_names,
+        "channels": info.channels,
+        "image_size": info.image_size,
+        "mean": info.mean,
+        "std": info.std,
+        "spec_hash": spec.spec_hash(),
+    }
     return x, meta
 
 
 def _print_report(name: str, report: dict, seconds: float) -> None:
-    print(f"\n== {name}: {report['parity_samples']} validation samples, export+verify {seconds:.1f} s, "
-          f"threads {report['threads']} (torch and onnxruntime)")
-    print(f"{'format':<12} {'ok':<5} {'method':<14} {'max|Δ|':>10} {'mean|Δ|':>10} {'top1 %':>7} "
-          f"{'b1 ms':>9} {'b32 ms':>9} {'MB':>7}")
+    print(
+        f"\n== {name}: {report['parity_samples']} validation samples, export+verify {seconds:.1f} s, "
+        f"threads {report['threads']} (torch and onnxruntime)"
+    )
+    print(
+        f"{'format':<12} {'ok':<5} {'method':<14} {'max|Δ|':>10} {'mean|Δ|':>10} {'top1 %':>7} "
+        f"{'b1 ms':>9} {'b32 ms':>9} {'MB':>7}"
+    )
     eager = report["latency_ms"]["eager"]
-    print(f"{'eager':<12} {'-':<5} {'-':<14} {'-':>10} {'-':>10} {'-':>7} {eager['b1']:>9.3f} {eager['b32']:>9.3f} {'-':>7}")
+    print(
+        f"{'eager':<12} {'-':<5} {'-':<14} {'-':>10} {'-':>10} {'-':>7} {eager['b1']:>9.3f} {eager['b32']:>9.3f} {'-':>7}"
+    )
     for fmt, e in report["formats"].items():
         if not e["ok"]:
             print(f"{fmt:<12} {'NO':<5} {e['error'][:200]}")
             continue
         method = e.get("method") or e.get("exporter") or "export"
         p, lat = e["parity"], e["latency_ms"]
-        print(f"{fmt:<12} {'yes':<5} {method:<14} {p['max_abs_diff']:>10.2e} {p['mean_abs_diff']:>10.2e} "
-              f"{p['top1_agreement']:>7.2f} {lat['b1']:>9.3f} {lat['b32']:>9.3f} {e['size_bytes'] / 1e6:>7.2f}")
+        print(
+            f"{fmt:<12} {'yes':<5} {method:<14} {p['max_abs_diff']:>10.2e} {p['mean_abs_diff']:>10.2e} "
+            f"{p['top1_agreement']:>7.2f} {lat['b1']:>9.3f} {lat['b32']:>9.3f} {e['size_bytes'] / 1e6:>7.2f}"
+        )
     if report["formats"].get("onnx", {}).get("ok"):
         print(f"ONNX opset {report['formats']['onnx']['opset']}, exporter {report['formats']['onnx']['exporter']}")
 
@@ -64,7 +78,9 @@ def main() -> int:
     parser.add_argument("--models", default="simple_cnn,resnet18", help="comma-separated registered model names")
     parser.add_argument("--samples", type=int, default=256, help="validation samples for the parity check")
     parser.add_argument("--out", type=Path, default=None, help="keep the exports here (default: a temporary folder)")
-    parser.add_argument("--threads", type=int, default=None, help="intra-op threads for torch and onnxruntime (default: torch's)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads for torch and onnxruntime (default: torch's)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

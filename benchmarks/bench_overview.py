@@ -32,8 +32,9 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from db.types import EventInput, MetricPoint
 
-SPEC = RunSpec.model_validate({"data": {"name": "digits", "image_size": 16},
-                               "train": {"epochs": 20, "early_stopping": {"monitor": "val/acc"}}}).model_dump(mode="json")
+SPEC = RunSpec.model_validate(
+    {"data": {"name": "digits", "image_size": 16}, "train": {"epochs": 20, "early_stopping": {"monitor": "val/acc"}}}
+).model_dump(mode="json")
 STEPS, EPOCHS = 2000, 20
 
 

@@ -39,9 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SPACE = {
-    "space": {"optim.lr": {"loguniform": [3e-4, 3e-1], "num": 4},
-              "optim.weight_decay": {"choice": [0.0, 1e-4, 1e-3, 1e-2]}},
-    "method": "grid", "objective": {"metric": "val/acc", "mode": "max"},
+    "space": {
+        "optim.lr": {"loguniform": [3e-4, 3e-1], "num": 4},
+        "optim.weight_decay": {"choice": [0.0, 1e-4, 1e-3, 1e-2]},
+    },
+    "method": "grid",
+    "objective": {"metric": "val/acc", "mode": "max"},
 }
 
 
@@ -50,8 +53,11 @@ def _stack(home: Path, workers: int):
 
     group = ProcessGroup()
     broker = start_private_redis(home, group)
-    env = {"TORCHDECK_HOME": str(home), "TORCHDECK_BROKER_URL": broker,
-           "TORCHDECK_DATABASE_URL": f"sqlite:///{home / 'torchdeck.db'}"}
+    env = {
+        "TORCHDECK_HOME": str(home),
+        "TORCHDECK_BROKER_URL": broker,
+        "TORCHDECK_DATABASE_URL": f"sqlite:///{home / 'torchdeck.db'}",
+    }
     os.environ.update(env)
     from db.migrate import upgrade
 
@@ -68,10 +74,17 @@ def _sweep(pruner: str, epochs: int, parallel: int, timeout_s: float):
     from db import repo
     from sweep.spec import SweepSpec
 
-    base = load_spec(ROOT / "configs" / "digits_simple_cnn.yaml",
-                     ["device=cpu", "export.formats=[]", f"train.epochs={epochs}"])
-    spec = SweepSpec.model_validate({**SPACE, "base": base.model_dump(mode="json"), "budget": {"parallel": parallel},
-                                     "pruner": {"kind": pruner, "min_epochs": 1, "reduction_factor": 3}})
+    base = load_spec(
+        ROOT / "configs" / "digits_simple_cnn.yaml", ["device=cpu", "export.formats=[]", f"train.epochs={epochs}"]
+    )
+    spec = SweepSpec.model_validate(
+        {
+            **SPACE,
+            "base": base.model_dump(mode="json"),
+            "budget": {"parallel": parallel},
+            "pruner": {"kind": pruner, "min_epochs": 1, "reduction_factor": 3},
+        }
+    )
     engine = get_engine()
     sweep = submit_sweep(spec, owner="bench", engine=engine)
     deadline = time.monotonic() + timeout_s
@@ -103,9 +116,11 @@ def _figures(engine, sweep) -> tuple[int, float, list[Handoff]]:
     for r in runs:
         by_worker.setdefault(r.worker_id or "", []).append(r)
     with engine.connect() as c:
+
         def first_step(run_id: str) -> float | None:
-            return c.execute(text("select min(wall_time) from metric where run_id=:r and key='train/loss'"),
-                             {"r": run_id}).scalar()
+            return c.execute(
+                text("select min(wall_time) from metric where run_id=:r and key='train/loss'"), {"r": run_id}
+            ).scalar()
 
         for done in by_worker.values():
             done.sort(key=lambda r: r.started_at)
@@ -125,8 +140,9 @@ def spread(values: list[float]) -> str:
 
 def waited_for_imports(home: Path) -> int:
     """Runs the workers handed to a process still importing (worker.tasks.Spare.take logs it)."""
-    return sum(log.read_text(errors="replace").count("handed to a process still importing")
-               for log in home.glob("worker*.log"))
+    return sum(
+        log.read_text(errors="replace").count("handed to a process still importing") for log in home.glob("worker*.log")
+    )
 
 
 def main() -> None:
@@ -151,8 +167,10 @@ def main() -> None:
             group.stop()
     handoffs = h1 + h2
     if len(handoffs) < 10:
-        raise SystemExit(f"bench_sweep: only {len(handoffs)} hand-offs between consecutive trials on one worker "
-                         "(at least 10 needed for a median)")
+        raise SystemExit(
+            f"bench_sweep: only {len(handoffs)} hand-offs between consecutive trials on one worker "
+            "(at least 10 needed for a median)"
+        )
     print(f"full_sweep_epochs={full_epochs}")
     print(f"asha_sweep_epochs={asha_epochs}")
     print(f"full_sweep_wall_s={t1 - t0:.1f}")
@@ -164,10 +182,14 @@ def main() -> None:
     for name, h in (("full sweep", h1), ("asha sweep", h2)):
         print(f"# hand-offs of the {name} (s): " + " ".join(f"{x.first_step_s:.2f}" for x in h))
     short = [h.first_step_s for h in handoffs if h.previous_s < 5]
-    print(f"# hand-off (s), end → first step: {spread([h.first_step_s for h in handoffs])}; after a trial of < 5 s: "
-          f"{spread(short)}; after a longer one: {spread([h.first_step_s for h in handoffs if h.previous_s >= 5])}")
+    print(
+        f"# hand-off (s), end → first step: {spread([h.first_step_s for h in handoffs])}; after a trial of < 5 s: "
+        f"{spread(short)}; after a longer one: {spread([h.first_step_s for h in handoffs if h.previous_s >= 5])}"
+    )
     print(f"# hand-off (s), end → claimed: {spread([h.claim_s for h in handoffs])}")
-    print(f"# runs handed to a process still importing (workers' logs; the first run of each worker included): {waited}")
+    print(
+        f"# runs handed to a process still importing (workers' logs; the first run of each worker included): {waited}"
+    )
     print(f"trial_handoff_claim_s={statistics.median(h.claim_s for h in handoffs):.2f}")
     print(f"trial_handoff_max_s={max(h.first_step_s for h in handoffs):.2f}")
     print(f"trial_handoff_s={statistics.median(h.first_step_s for h in handoffs):.2f}")

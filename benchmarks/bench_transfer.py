@@ -57,13 +57,22 @@ def write_folders(root: Path, shots: int, seed: int) -> tuple[Path, Path, Path]:
 
 
 def spec_for(path: Path, seed: int, epochs: int, batch: int, clip: str = "norm", **model: object) -> RunSpec:
-    return RunSpec.from_dict({
-        "data": {"name": "imagefolder", "path": str(path), "image_size": SIZE, "val_fraction": 0.2},
-        "model": {"name": "simple_cnn", "hidden": HIDDEN, **model},
-        "optim": {"name": "adam", "lr": 1e-3},
-        "train": {"epochs": epochs, "batch_size": batch, "early_stopping": {"enabled": False}, "grad_clip": {"mode": clip}},
-        "export": {"formats": []}, "device": "cpu", "seed": seed,
-    })
+    return RunSpec.from_dict(
+        {
+            "data": {"name": "imagefolder", "path": str(path), "image_size": SIZE, "val_fraction": 0.2},
+            "model": {"name": "simple_cnn", "hidden": HIDDEN, **model},
+            "optim": {"name": "adam", "lr": 1e-3},
+            "train": {
+                "epochs": epochs,
+                "batch_size": batch,
+                "early_stopping": {"enabled": False},
+                "grad_clip": {"mode": clip},
+            },
+            "export": {"formats": []},
+            "device": "cpu",
+            "seed": seed,
+        }
+    )
 
 
 class HandCNN(nn.Module):
@@ -73,15 +82,18 @@ class HandCNN(nn.Module):
         super().__init__()
         self.conv1 = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
         self.conv2 = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
-        self.fc1 = nn.Sequential(nn.Flatten(), nn.Linear(32 * side * side, HIDDEN), nn.ReLU(inplace=True), nn.Dropout(0.0))
+        self.fc1 = nn.Sequential(
+            nn.Flatten(), nn.Linear(32 * side * side, HIDDEN), nn.ReLU(inplace=True), nn.Dropout(0.0)
+        )
         self.fc2 = nn.Linear(HIDDEN, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.fc1(self.conv2(self.conv1(x))))
 
 
-def hand_transfer(mode: str, weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, epochs: int,
-                  batch: int, seed: int) -> nn.Module:
+def hand_transfer(
+    mode: str, weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, epochs: int, batch: int, seed: int
+) -> nn.Module:
     """The hand recipe: pretrained backbone, fresh head; frozen backbone in eval mode, or all trained with a
     10× smaller backbone rate."""
     torch.manual_seed(seed)
@@ -115,8 +127,17 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((model(x).argmax(1) == y).float().mean())
 
 
-def one_seed(mode: str, pre_best: Path, few: Path, x_test: torch.Tensor, y_test: torch.Tensor, args: argparse.Namespace,
-             seed: int, out: Path, **model: object) -> tuple[float, float]:
+def one_seed(
+    mode: str,
+    pre_best: Path,
+    few: Path,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    args: argparse.Namespace,
+    seed: int,
+    out: Path,
+    **model: object,
+) -> tuple[float, float]:
     """(torchdeck accuracy, hand accuracy) on the held-out images for one seed."""
     spec = spec_for(few, seed, args.epochs, args.batch, args.clip, weights_file=str(pre_best), transfer=mode, **model)
     run = out / f"{mode}-{seed}-{len(model)}"
@@ -140,8 +161,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--clip", choices=["norm", "none"], default="norm",
-                    help="torchdeck's train.grad_clip.mode (default: its default, norm 1.0; the hand loop never clips)")
+    ap.add_argument(
+        "--clip",
+        choices=["norm", "none"],
+        default="norm",
+        help="torchdeck's train.grad_clip.mode (default: its default, norm 1.0; the hand loop never clips)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
@@ -155,10 +180,11 @@ def main() -> None:
         x_test, y_test, classes, _ = load_imagefolder(str(test), SIZE, 0.0, 2048)
         print(f"transfer to digits {', '.join(classes)}: {args.shots} shots per class, {len(y_test)} held-out images")
         lines = {}
-        for name, mode, weights, extra in (("transfer_vs_hand_pts_feature_extract", "feature_extract", pre_best, {}),
-                                           ("transfer_vs_hand_pts_finetune", "finetune", pre_best, {}),
-                                           ("loaded_head_vs_hand_pts_feature_extract", "feature_extract", plain,
-                                            {"keep_head": True})):
+        for name, mode, weights, extra in (
+            ("transfer_vs_hand_pts_feature_extract", "feature_extract", pre_best, {}),
+            ("transfer_vs_hand_pts_finetune", "finetune", pre_best, {}),
+            ("loaded_head_vs_hand_pts_feature_extract", "feature_extract", plain, {"keep_head": True}),
+        ):
             diffs = []
             for seed in range(args.seeds):
                 td, hand = one_seed(mode, weights, few, x_test, y_test, args, seed, root, **extra)

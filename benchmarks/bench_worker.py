@@ -23,9 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUN = {"data": {"name": "synthetic", "num_classes": 3, "num_samples": 300, "size": 8, "channels": 1},
-       "model": {"name": "simple_cnn", "hidden": 16}, "train": {"epochs": 1, "batch_size": 32, "log_every": 1},
-       "export": {"formats": []}, "device": "cpu", "seed": 0}
+RUN = {
+    "data": {"name": "synthetic", "num_classes": 3, "num_samples": 300, "size": 8, "channels": 1},
+    "model": {"name": "simple_cnn", "hidden": 16},
+    "train": {"epochs": 1, "batch_size": 32, "log_every": 1},
+    "export": {"formats": []},
+    "device": "cpu",
+    "seed": 0,
+}
 
 
 def _stack(home: Path):
@@ -33,15 +38,42 @@ def _stack(home: Path):
 
     group = ProcessGroup()
     broker = start_private_redis(home, group)
-    env = {**os.environ, "TORCHDECK_HOME": str(home), "TORCHDECK_BROKER_URL": broker, "OMP_NUM_THREADS": "1",
-           "TORCHDECK_DATABASE_URL": f"sqlite:///{home / 'torchdeck.db'}"}
+    env = {
+        **os.environ,
+        "TORCHDECK_HOME": str(home),
+        "TORCHDECK_BROKER_URL": broker,
+        "OMP_NUM_THREADS": "1",
+        "TORCHDECK_DATABASE_URL": f"sqlite:///{home / 'torchdeck.db'}",
+    }
     os.environ.update({k: env[k] for k in ("TORCHDECK_HOME", "TORCHDECK_BROKER_URL", "TORCHDECK_DATABASE_URL")})
     from db.migrate import upgrade
 
     upgrade()
-    group.start("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1",
-                           "-Q", "gpu,cpu", "-n", "bench@%h", "--without-gossip", "--without-mingle", "-l", "WARNING"],
-                env=env, log=home / "worker.log")
+    group.start(
+        "worker",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.celery_app",
+            "worker",
+            "-P",
+            "solo",
+            "-c",
+            "1",
+            "-Q",
+            "gpu,cpu",
+            "-n",
+            "bench@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "WARNING",
+        ],
+        env=env,
+        log=home / "worker.log",
+    )
     return group
 
 
@@ -110,9 +142,15 @@ def sink_ratio(pairs: int, steps: int) -> tuple[float, float]:
     from worker.sink import DbSink
 
     torch.set_num_threads(2)
-    spec = RunSpec.from_dict({"data": {"name": "synthetic", "num_classes": 10, "num_samples": 64 * steps * 5 // 4, "size": 32},
-                              "model": {"name": "simple_cnn"}, "train": {"batch_size": 64, "log_every": 10, "steps_per_epoch": steps},
-                              "export": {"formats": []}, "device": "cpu"})
+    spec = RunSpec.from_dict(
+        {
+            "data": {"name": "synthetic", "num_classes": 10, "num_samples": 64 * steps * 5 // 4, "size": 32},
+            "model": {"name": "simple_cnn"},
+            "train": {"batch_size": 64, "log_every": 10, "steps_per_epoch": steps},
+            "export": {"formats": []},
+            "device": "cpu",
+        }
+    )
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{d}/db.sqlite"
         upgrade(url)
@@ -121,13 +159,16 @@ def sink_ratio(pairs: int, steps: int) -> tuple[float, float]:
         claim_run(engine, run.id, "bench")
         db_sink, jsonl = DbSink(engine, run.id, "bench", WorkerSettings(), run_dir=Path(d) / "db"), JsonlSink(d)
         seed_everything(0, False)
-        trainers = [build_trainer(spec, Path(d) / n, s, NeverStop(), torch.device("cpu")) for n, s in (("db", db_sink), ("j", jsonl))]
+        trainers = [
+            build_trainer(spec, Path(d) / n, s, NeverStop(), torch.device("cpu"))
+            for n, s in (("db", db_sink), ("j", jsonl))
+        ]
         for t in trainers:
             train_one_epoch(t, 1)
         ratios, db_wall, cpu0 = [], 0.0, _threads_cpu(db_sink)
         for r in range(pairs):
             took = [0.0, 0.0]
-            for k in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate which goes first: drift cancels out
+            for k in (0, 1) if r % 2 == 0 else (1, 0):  # alternate which goes first: drift cancels out
                 t0 = time.perf_counter()
                 train_one_epoch(trainers[k], r + 2)
                 took[k] = time.perf_counter() - t0

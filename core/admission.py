@@ -43,9 +43,15 @@ def bounded(spec: RunSpec) -> RunSpec:
 
 def trial_problems(trial: RunSpec, base: RunSpec) -> list[tuple[str, str]]:
     """(field, message) for each file-naming field in which a sweep's trial differs from its base."""
-    return [(f, f"a sweep's trial reads what its base was admitted to read: {value_at(trial, f)!r} is not the "
-                f"base's {value_at(base, f)!r} (this field names a file or a dataset and is never swept)")
-            for f in FILE_FIELDS if value_at(trial, f) != value_at(base, f)]
+    return [
+        (
+            f,
+            f"a sweep's trial reads what its base was admitted to read: {value_at(trial, f)!r} is not the "
+            f"base's {value_at(base, f)!r} (this field names a file or a dataset and is never swept)",
+        )
+        for f in FILE_FIELDS
+        if value_at(trial, f) != value_at(base, f)
+    ]
 
 
 def check_trial(trial: RunSpec, base: RunSpec) -> RunSpec:

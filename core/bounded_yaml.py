@@ -29,10 +29,13 @@ _TAG = "tag:yaml.org,2002:"
 INT, FLOAT, BOOL, TIMESTAMP = (_TAG + t for t in ("int", "float", "bool", "timestamp"))
 # PyYAML's YAML 1.1 patterns without the base-60 forms (`[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+`).
 _INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
-_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
                     |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
                     |[-+]?\.(?:inf|Inf|INF)
-                    |\.(?:nan|NaN|NAN))$""", re.X)
+                    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 _SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
 
 
@@ -43,8 +46,10 @@ class YamlRefused(ValueError):
 def _bounded_loader(base: type) -> type:
     """`base` (PyYAML's SafeLoader, or its libyaml twin) with numbers resolved as the module says, that stops
     composing after MAX_NODES nodes: a megabyte of `[1,1,1,…]` is half a million of them (4 s, 200 MB)."""
-    resolvers = {first: [(tag, rx) for tag, rx in pairs if tag not in (INT, FLOAT)]
-                 for first, pairs in base.yaml_implicit_resolvers.items()}
+    resolvers = {
+        first: [(tag, rx) for tag, rx in pairs if tag not in (INT, FLOAT)]
+        for first, pairs in base.yaml_implicit_resolvers.items()
+    }
 
     def resolve(self: Any, kind: type, value: Any, implicit: Any) -> str:
         self.composed += 1  # once per node composed (an alias is not composed again)
@@ -52,8 +57,11 @@ def _bounded_loader(base: type) -> type:
             raise YamlRefused(f"{self.what} holds more than {MAX_NODES:,} values")
         return base.resolve(self, kind, value, implicit)
 
-    loader = type(f"Bounded{base.__name__}", (base,), {"yaml_implicit_resolvers": resolvers, "resolve": resolve,
-                                                       "composed": 0, "what": "the YAML"})
+    loader = type(
+        f"Bounded{base.__name__}",
+        (base,),
+        {"yaml_implicit_resolvers": resolvers, "resolve": resolve, "composed": 0, "what": "the YAML"},
+    )
     loader.add_implicit_resolver(INT, _INT, list("-+0123456789"))  # int("0o17", 8) reads YAML 1.2's octal too
     loader.add_implicit_resolver(FLOAT, _FLOAT, list("-+0123456789."))
     return loader
@@ -85,8 +93,9 @@ def load(text: str, what: str = "the YAML") -> Any:
         try:
             return loader.construct_document(node)
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:  # whatever _check_scalar missed
-            raise YamlRefused(f"{what} holds a value that cannot be read ({e.__class__.__name__}: "
-                              f"{str(e)[:120]})") from None
+            raise YamlRefused(
+                f"{what} holds a value that cannot be read ({e.__class__.__name__}: {str(e)[:120]})"
+            ) from None
     finally:
         loader.dispose()
 
@@ -109,8 +118,10 @@ def _check_size(root: yaml.Node, what: str) -> None:
                 _check_scalar(node, what, root)
             total = 1 + sum(sizes.get(id(c), 0) for c in children)
             if total > MAX_NODES:
-                raise YamlRefused(f"{what} expands to more than {MAX_NODES:,} values (aliases referring to aliases?); "
-                                  "write the spec out without YAML anchors")
+                raise YamlRefused(
+                    f"{what} expands to more than {MAX_NODES:,} values (aliases referring to aliases?); "
+                    "write the spec out without YAML anchors"
+                )
             sizes[id(node)] = total
             continue
         stack.append((node, depth, True))
@@ -135,9 +146,12 @@ def _check_scalar(node: yaml.ScalarNode, what: str, root: yaml.Node) -> None:
         problem = f"is a number of {len(value):,} characters; at most {MAX_NUMBER_CHARS} are read"
     elif tag in (INT, FLOAT) and _SEXAGESIMAL.match(value):
         problem = f"is {value[:24]!r}, a base-60 number, which is not read: write it in decimal"
-    elif not {INT: lambda: _INT.match(value), FLOAT: lambda: _FLOAT.match(value),
-              BOOL: lambda: value.lower() in yaml.SafeLoader.bool_values,
-              TIMESTAMP: lambda: yaml.SafeLoader.timestamp_regexp.match(value)}[tag]():
+    elif not {
+        INT: lambda: _INT.match(value),
+        FLOAT: lambda: _FLOAT.match(value),
+        BOOL: lambda: value.lower() in yaml.SafeLoader.bool_values,
+        TIMESTAMP: lambda: yaml.SafeLoader.timestamp_regexp.match(value),
+    }[tag]():
         problem = f"is {value[:24]!r}, which is not a {tag.removeprefix(_TAG)}"
     else:
         return

@@ -97,8 +97,7 @@ def _numbered(prefix: str, count: int) -> tuple[Stage, ...]:
     return _stages(*(f"{prefix}.{i}" for i in range(count)))
 
 
-def _weights(name: str, file: str, resize: int,
-             interpolation: Literal["bilinear", "bicubic"] = "bilinear") -> Weights:
+def _weights(name: str, file: str, resize: int, interpolation: Literal["bilinear", "bicubic"] = "bilinear") -> Weights:
     # Every ImageNet classifier listed here crops 224 px and normalises with ImageNet's statistics; they differ
     # in the resize before the crop and its interpolation.
     return Weights(name, file, Preprocessing(224, resize, IMAGENET_MEAN, IMAGENET_STD, interpolation))
@@ -110,39 +109,84 @@ _SMALL_CNN = _stages("conv1", "conv2", "fc1")
 
 MODELS: dict[str, ModelEntry] = {
     "mlp": ModelEntry("mlp", "torchdeck", "MLP", _stages("fc1", "fc2"), "head", min_size=1, input_channels=None),
-    "simple_cnn": ModelEntry("simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4,
-                             input_channels=None, widths=(16, 32)),
-    "simple_cnn_wide": ModelEntry("simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4,
-                                  input_channels=None, widths=(32, 64)),
-    "resnet18": ModelEntry("resnet", "torchvision", "resnet18", _RESNET, "fc",
-                           weights=_weights("IMAGENET1K_V1", "resnet18-f37072fd.pth", 256),
-                           footprint=Footprint(11_176_512, 512, 443)),
-    "resnet34": ModelEntry("resnet", "torchvision", "resnet34", _RESNET, "fc",
-                           weights=_weights("IMAGENET1K_V1", "resnet34-b627a593.pth", 256),
-                           footprint=Footprint(21_284_672, 512, 644)),
-    "resnet50": ModelEntry("resnet", "torchvision", "resnet50", _RESNET, "fc",
-                           weights=_weights("IMAGENET1K_V2", "resnet50-11ad3fa6.pth", 232),
-                           footprint=Footprint(23_508_032, 2048, 1717)),
-    "mobilenet_v3_small": ModelEntry("mobilenet", "torchvision", "mobilenet_v3_small", _numbered("features", 13),
-                                     "classifier.3",
-                                     weights=_weights("IMAGENET1K_V1", "mobilenet_v3_small-047dcff4.pth", 256),
-                                     footprint=Footprint(1_517_856, 1024, 324)),
-    "mobilenet_v3_large": ModelEntry("mobilenet", "torchvision", "mobilenet_v3_large", _numbered("features", 17),
-                                     "classifier.3",
-                                     weights=_weights("IMAGENET1K_V2", "mobilenet_v3_large-5c1a4163.pth", 232),
-                                     footprint=Footprint(4_202_032, 1280, 882)),
-    "efficientnet_b0": ModelEntry("efficientnet", "torchvision", "efficientnet_b0", _numbered("features", 9),
-                                  "classifier.1",
-                                  weights=_weights("IMAGENET1K_V1", "efficientnet_b0_rwightman-7f5810bc.pth", 256,
-                                                   "bicubic"),
-                                  footprint=Footprint(4_007_548, 1280, 1761)),
-    "convnext_tiny": ModelEntry("convnext", "torchvision", "convnext_tiny", _numbered("features", 8), "classifier.2",
-                                weights=_weights("IMAGENET1K_V1", "convnext_tiny-983f1562.pth", 236),
-                                footprint=Footprint(27_820_128, 768, 2176)),
-    "regnet_y_400mf": ModelEntry("regnet", "torchvision", "regnet_y_400mf",
-                                 _stages("stem", *(f"trunk_output.block{i}" for i in range(1, 5))), "fc",
-                                 weights=_weights("IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", 232),
-                                 footprint=Footprint(3_903_144, 440, 672)),
+    "simple_cnn": ModelEntry(
+        "simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, input_channels=None, widths=(16, 32)
+    ),
+    "simple_cnn_wide": ModelEntry(
+        "simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, input_channels=None, widths=(32, 64)
+    ),
+    "resnet18": ModelEntry(
+        "resnet",
+        "torchvision",
+        "resnet18",
+        _RESNET,
+        "fc",
+        weights=_weights("IMAGENET1K_V1", "resnet18-f37072fd.pth", 256),
+        footprint=Footprint(11_176_512, 512, 443),
+    ),
+    "resnet34": ModelEntry(
+        "resnet",
+        "torchvision",
+        "resnet34",
+        _RESNET,
+        "fc",
+        weights=_weights("IMAGENET1K_V1", "resnet34-b627a593.pth", 256),
+        footprint=Footprint(21_284_672, 512, 644),
+    ),
+    "resnet50": ModelEntry(
+        "resnet",
+        "torchvision",
+        "resnet50",
+        _RESNET,
+        "fc",
+        weights=_weights("IMAGENET1K_V2", "resnet50-11ad3fa6.pth", 232),
+        footprint=Footprint(23_508_032, 2048, 1717),
+    ),
+    "mobilenet_v3_small": ModelEntry(
+        "mobilenet",
+        "torchvision",
+        "mobilenet_v3_small",
+        _numbered("features", 13),
+        "classifier.3",
+        weights=_weights("IMAGENET1K_V1", "mobilenet_v3_small-047dcff4.pth", 256),
+        footprint=Footprint(1_517_856, 1024, 324),
+    ),
+    "mobilenet_v3_large": ModelEntry(
+        "mobilenet",
+        "torchvision",
+        "mobilenet_v3_large",
+        _numbered("features", 17),
+        "classifier.3",
+        weights=_weights("IMAGENET1K_V2", "mobilenet_v3_large-5c1a4163.pth", 232),
+        footprint=Footprint(4_202_032, 1280, 882),
+    ),
+    "efficientnet_b0": ModelEntry(
+        "efficientnet",
+        "torchvision",
+        "efficientnet_b0",
+        _numbered("features", 9),
+        "classifier.1",
+        weights=_weights("IMAGENET1K_V1", "efficientnet_b0_rwightman-7f5810bc.pth", 256, "bicubic"),
+        footprint=Footprint(4_007_548, 1280, 1761),
+    ),
+    "convnext_tiny": ModelEntry(
+        "convnext",
+        "torchvision",
+        "convnext_tiny",
+        _numbered("features", 8),
+        "classifier.2",
+        weights=_weights("IMAGENET1K_V1", "convnext_tiny-983f1562.pth", 236),
+        footprint=Footprint(27_820_128, 768, 2176),
+    ),
+    "regnet_y_400mf": ModelEntry(
+        "regnet",
+        "torchvision",
+        "regnet_y_400mf",
+        _stages("stem", *(f"trunk_output.block{i}" for i in range(1, 5))),
+        "fc",
+        weights=_weights("IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", 232),
+        footprint=Footprint(3_903_144, 440, 672),
+    ),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 PRETRAINED_MODELS: frozenset[str] = frozenset(n for n, m in MODELS.items() if m.weights is not None)
@@ -175,10 +219,20 @@ DATASETS: dict[str, DatasetEntry] = {
     "synthetic": DatasetEntry("generated", ("all",), None, None, None),
     "imagefolder": DatasetEntry("folder", ("all",), 3, 64, None),
     "mnist": DatasetEntry("torchvision", ("train", "test"), 1, 28, 10, 70_000, "MNIST", "MNIST/raw", _MNIST_FILES),
-    "fashion_mnist": DatasetEntry("torchvision", ("train", "test"), 1, 28, 10, 70_000, "FashionMNIST",
-                                  "FashionMNIST/raw", _MNIST_FILES),
-    "cifar10": DatasetEntry("torchvision", ("train", "test"), 3, 32, 10, 60_000, "CIFAR10", "cifar-10-batches-py",
-                            "data_batch_1 … data_batch_5, test_batch, batches.meta"),
+    "fashion_mnist": DatasetEntry(
+        "torchvision", ("train", "test"), 1, 28, 10, 70_000, "FashionMNIST", "FashionMNIST/raw", _MNIST_FILES
+    ),
+    "cifar10": DatasetEntry(
+        "torchvision",
+        ("train", "test"),
+        3,
+        32,
+        10,
+        60_000,
+        "CIFAR10",
+        "cifar-10-batches-py",
+        "data_batch_1 … data_batch_5, test_batch, batches.meta",
+    ),
 }
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
 
@@ -244,8 +298,10 @@ def better(key: str) -> Better:
 def chart_keys() -> dict[str, tuple[str, ...]]:
     """{chart title: the metric keys it draws}, a metric with a stored per-epoch key drawn under both."""
     charts: dict[str, list[str]] = {}
-    ranked = sorted(METRICS.items(), key=lambda kv: next((i for i, p in enumerate(_CHART_ORDER)
-                                                          if kv[0].startswith(p)), len(_CHART_ORDER)))
+    ranked = sorted(
+        METRICS.items(),
+        key=lambda kv: next((i for i, p in enumerate(_CHART_ORDER) if kv[0].startswith(p)), len(_CHART_ORDER)),
+    )
     for key, m in ranked:
         charts.setdefault(m.chart, []).extend(k for k in (key, m.stored) if k)
     return {title: tuple(dict.fromkeys(keys)) for title, keys in charts.items()}

@@ -145,5 +145,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}")
+        raise ValueError(
+            f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}"
+        )
     return state, names

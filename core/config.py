@@ -48,7 +48,9 @@ class AugmentSpec(_Section):
 
     random_crop: bool = Field(False, description="Random crop of the original size after zero padding.")
     crop_padding: int = Field(4, ge=0, le=64, description="Padding in pixels added before the random crop.")
-    hflip: bool = Field(False, description="Random horizontal flip with probability 0.5 (off by default: digits are not symmetric).")
+    hflip: bool = Field(
+        False, description="Random horizontal flip with probability 0.5 (off by default: digits are not symmetric)."
+    )
     color_jitter: float = Field(
         0.0, ge=0.0, le=1.0, description="Strength of random brightness/contrast jitter; 0 disables it."
     )
@@ -59,17 +61,25 @@ class DataSpec(_Section):
 
     name: DatasetName = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
     path: str | None = Field(
-        None, max_length=4096,
+        None,
+        max_length=4096,
         description="imagefolder: a folder or .zip with one sub-folder per class. "
         "mnist/fashion_mnist/cifar10: the root folder holding torchvision's files "
         "(default: $TORCHDECK_DATA or ./data).",
     )
     download: bool = Field(False, description="Let torchvision download mnist/fashion_mnist/cifar10 (needs internet).")
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Fraction of the samples held out for validation (stratified, seeded).")
-    image_size: int | None = Field(
-        None, ge=4, le=1024, description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64)."
+    val_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="Fraction of the samples held out for validation (stratified, seeded)."
     )
-    limit: int | None = Field(None, ge=2, le=100_000_000, description="Use at most this many samples (quick trials); none uses all.")
+    image_size: int | None = Field(
+        None,
+        ge=4,
+        le=1024,
+        description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64).",
+    )
+    limit: int | None = Field(
+        None, ge=2, le=100_000_000, description="Use at most this many samples (quick trials); none uses all."
+    )
     normalize: bool = Field(True, description="Normalise with mean/std computed on the training split.")
     augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-split augmentation.")
     # synthetic only
@@ -77,13 +87,21 @@ class DataSpec(_Section):
     num_samples: int = Field(2000, ge=4, le=10_000_000, description="synthetic: number of samples.")
     channels: Literal[1, 3] = Field(3, description="synthetic: image channels (1 grayscale, 3 RGB).")
     size: int = Field(32, ge=4, le=512, description="synthetic: image height and width.")
-    noise: float = Field(0.5, ge=0.0, le=10.0, description="synthetic: noise added to each class template (harder when larger).")
+    noise: float = Field(
+        0.5, ge=0.0, le=10.0, description="synthetic: noise added to each class template (harder when larger)."
+    )
     # imagefolder only
     max_bad_fraction: float = Field(
-        0.05, ge=0.0, le=1.0, description="imagefolder: unreadable images are skipped and counted; above this fraction the dataset is refused."
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="imagefolder: unreadable images are skipped and counted; above this fraction the dataset is refused.",
     )
     cache_mb: int = Field(
-        2048, ge=0, le=262_144, description="Decode images once into memory when they fit in this many MB; larger sets decode per item."
+        2048,
+        ge=0,
+        le=262_144,
+        description="Decode images once into memory when they fit in this many MB; larger sets decode per item.",
     )
 
     @model_validator(mode="after")
@@ -93,8 +111,10 @@ class DataSpec(_Section):
             raise ValueError("data.path is required for imagefolder: a folder or a .zip with one sub-folder per class")
         size = self.num_samples * self.channels * self.size * self.size
         if kind == "generated" and size > MAX_SYNTHETIC_BYTES:
-            raise ValueError(f"data.num_samples × data.channels × data.size² is {size / 2**30:.1f} GB of images; at most "
-                             f"{MAX_SYNTHETIC_BYTES / 2**30:.0f} GB: lower data.num_samples or data.size")
+            raise ValueError(
+                f"data.num_samples × data.channels × data.size² is {size / 2**30:.1f} GB of images; at most "
+                f"{MAX_SYNTHETIC_BYTES / 2**30:.0f} GB: lower data.num_samples or data.size"
+            )
         return self
 
 
@@ -102,32 +122,65 @@ class ModelSpec(_Section):
     """The network and how it is transferred."""
 
     name: ModelName = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
-    pretrained: bool = Field(False, description="Start from torchvision's pretrained weights (read from "
-                             "$TORCH_HOME/hub/checkpoints when offline).")
-    weights_file: str | None = Field(None, max_length=4096, description="A state_dict to start from (.safetensors, or a "
-                                     "torch file loaded with weights_only=True, e.g. a torchdeck run's best.pt).")
+    pretrained: bool = Field(
+        False,
+        description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline).",
+    )
+    weights_file: str | None = Field(
+        None,
+        max_length=4096,
+        description="A state_dict to start from (.safetensors, or a "
+        "torch file loaded with weights_only=True, e.g. a torchdeck run's best.pt).",
+    )
     transfer: Literal["scratch", "feature_extract", "finetune", "finetune_last_n"] = Field(
         "scratch",
         description="scratch: train all from random init; feature_extract: freeze the backbone, train the head; "
         "finetune: train all; finetune_last_n: train the last N stages and the head.",
     )
-    keep_head: bool = Field(False, description="Transfer from a plain state_dict (one without class names): keep its "
-                            "classifier head instead of a fresh one. A torchdeck checkpoint's head is kept only for the same classes.")
-    last_n: int = Field(1, ge=1, le=16, description="finetune_last_n: how many backbone stages (from the top) are trained. "
-                        f"Stages by family: {catalog.stages_in_words()} (the head, the last linear layer, is always trained).")
-    unfreeze_at_epoch: int | None = Field(None, ge=1, description="Progressive unfreezing: from this epoch (1-based) on, "
-                                          "the whole backbone is trained (with unfreeze_every: the first further stage).")
-    unfreeze_every: int | None = Field(None, ge=1, le=10_000, description="Stage-wise unfreezing: every this many epochs one "
-                                       "more backbone stage (from the top) is trained; starts at unfreeze_at_epoch, else after "
-                                       "the first unfreeze_every epochs.")
-    backbone_lr_mult: float = Field(
-        0.1, gt=0.0, le=10.0, description="Discriminative LR: backbone learning rate = optim.lr × this (the head uses optim.lr)."
+    keep_head: bool = Field(
+        False,
+        description="Transfer from a plain state_dict (one without class names): keep its "
+        "classifier head instead of a fresh one. A torchdeck checkpoint's head is kept only for the same classes.",
     )
-    lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="Discriminative LR per stage: the top backbone stage uses "
-                            "optim.lr × backbone_lr_mult, each stage further down that × lr_decay once more; 1: off.")
+    last_n: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="finetune_last_n: how many backbone stages (from the top) are trained. "
+        f"Stages by family: {catalog.stages_in_words()} (the head, the last linear layer, is always trained).",
+    )
+    unfreeze_at_epoch: int | None = Field(
+        None,
+        ge=1,
+        description="Progressive unfreezing: from this epoch (1-based) on, "
+        "the whole backbone is trained (with unfreeze_every: the first further stage).",
+    )
+    unfreeze_every: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Stage-wise unfreezing: every this many epochs one "
+        "more backbone stage (from the top) is trained; starts at unfreeze_at_epoch, else after "
+        "the first unfreeze_every epochs.",
+    )
+    backbone_lr_mult: float = Field(
+        0.1,
+        gt=0.0,
+        le=10.0,
+        description="Discriminative LR: backbone learning rate = optim.lr × this (the head uses optim.lr).",
+    )
+    lr_decay: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Discriminative LR per stage: the top backbone stage uses "
+        "optim.lr × backbone_lr_mult, each stage further down that × lr_decay once more; 1: off.",
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classification head.")
     hidden: int = Field(128, ge=8, le=8192, description="mlp/simple_cnn: width of the hidden fully connected layer.")
-    gradient_checkpointing: bool = Field(False, description="Recompute stage activations in backward to save memory; slower.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute stage activations in backward to save memory; slower."
+    )
 
     @model_validator(mode="after")
     def _transfer_needs_weights(self) -> ModelSpec:
@@ -142,13 +195,17 @@ class ModelSpec(_Section):
 class OptimSpec(_Section):
     """Optimizer. Weight decay skips norms and biases by default."""
 
-    name: Literal["sgd", "adam", "adamw", "rmsprop"] = Field("adam", description="Optimizer; Adam at lr 1e-3 is the usual start.")
+    name: Literal["sgd", "adam", "adamw", "rmsprop"] = Field(
+        "adam", description="Optimizer; Adam at lr 1e-3 is the usual start."
+    )
     lr: float = Field(1e-3, gt=0.0, description="Learning rate of the head (and of the whole model from scratch).")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="L2 / decoupled weight decay.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd/rmsprop: momentum.")
     nesterov: bool = Field(False, description="sgd: Nesterov momentum.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="adam/adamw: beta1, beta2.")
-    decay_norm_and_bias: bool = Field(False, description="Also apply weight decay to norm layers and biases (usually worse).")
+    decay_norm_and_bias: bool = Field(
+        False, description="Also apply weight decay to norm layers and biases (usually worse)."
+    )
 
     @field_validator("betas")
     @classmethod
@@ -168,12 +225,20 @@ class ScheduleSpec(_Section):
     """Learning-rate schedule. All but plateau are applied per optimizer step."""
 
     name: Literal["none", "step", "multistep", "cosine", "plateau", "onecycle"] = Field(
-        "none", description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
-        "plateau: decay when the monitored metric stalls; onecycle: up to optim.lr then down."
+        "none",
+        description="none: constant; step/multistep: decay by gamma at epochs; cosine: to min_lr; "
+        "plateau: decay when the monitored metric stalls; onecycle: up to optim.lr then down.",
     )
-    warmup_epochs: float = Field(0.0, ge=0.0, le=10_000.0, description="Linear warmup from 0 over this many epochs (not for plateau/onecycle; a transfer run's fresh head skips it).")
+    warmup_epochs: float = Field(
+        0.0,
+        ge=0.0,
+        le=10_000.0,
+        description="Linear warmup from 0 over this many epochs (not for plateau/onecycle; a transfer run's fresh head skips it).",
+    )
     step_size: int = Field(10, ge=1, le=10_000, description="step: decay every this many epochs.")
-    milestones: list[int] = Field(default_factory=list, max_length=100, description="multistep: epochs at which to decay.")
+    milestones: list[int] = Field(
+        default_factory=list, max_length=100, description="multistep: epochs at which to decay."
+    )
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="step/multistep/plateau: decay factor.")
     min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate; plateau: lower bound.")
     patience: int = Field(2, ge=0, le=10_000, description="plateau: epochs without improvement before decaying.")
@@ -190,7 +255,9 @@ class ScheduleSpec(_Section):
 class GradClipSpec(_Section):
     """Gradient clipping before the optimizer step."""
 
-    mode: Literal["none", "norm", "value"] = Field("norm", description="norm: clip_grad_norm_; value: clip_grad_value_; none.")
+    mode: Literal["none", "norm", "value"] = Field(
+        "norm", description="norm: clip_grad_norm_; value: clip_grad_value_; none."
+    )
     max: float = Field(1.0, gt=0.0, description="Max total norm (mode=norm) or max absolute value (mode=value).")
 
 
@@ -215,17 +282,30 @@ class TrainSpec(_Section):
 
     epochs: int = Field(10, ge=1, le=10_000, description="Maximum number of epochs.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Samples per optimizer micro-batch.")
-    accumulate: int = Field(1, ge=1, le=1024, description="Gradient accumulation: optimizer step every N micro-batches.")
+    accumulate: int = Field(
+        1, ge=1, le=1024, description="Gradient accumulation: optimizer step every N micro-batches."
+    )
     precision: Precision = Field("fp32", description="fp32; fp16 (CUDA, with GradScaler); bf16 (CPU or CUDA autocast).")
     grad_clip: GradClipSpec = Field(default_factory=GradClipSpec, description="Gradient clipping.")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Cross-entropy label smoothing.")
     early_stopping: EarlyStoppingSpec = Field(default_factory=EarlyStoppingSpec, description="Early stopping.")
-    steps_per_epoch: int | None = Field(None, ge=1, le=100_000_000, description="Cap on training batches per epoch (quick trials); none: the whole split.")
-    log_every: int = Field(10, ge=1, le=1_000_000, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps.")
-    diag_every: int = Field(50, ge=1, le=1_000_000, description="Per-layer gradient norms and update/parameter ratios every N steps.")
+    steps_per_epoch: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Cap on training batches per epoch (quick trials); none: the whole split.",
+    )
+    log_every: int = Field(
+        10, ge=1, le=1_000_000, description="Log train/loss, lr, grad_norm, throughput, data-wait every N steps."
+    )
+    diag_every: int = Field(
+        50, ge=1, le=1_000_000, description="Per-layer gradient norms and update/parameter ratios every N steps."
+    )
     overfit_check: bool = Field(False, description="Before training, check that the model can overfit one batch.")
     overfit_steps: int = Field(50, ge=5, le=1000, description="Steps of the overfit-one-batch check.")
-    detect_anomaly: bool = Field(True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op.")
+    detect_anomaly: bool = Field(
+        True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op."
+    )
 
 
 class CheckpointSpec(_Section):
@@ -242,8 +322,10 @@ class ExportSpec(_Section):
         default_factory=lambda: list(EXPORT_FORMATS), description="Formats to export and verify; empty for none."
     )
     checkpoint: Literal["best", "last"] = Field(
-        "best", description="Which weights the end-of-run export uses: best (the best epoch's, when best.pt was "
-        "saved) or last (the final epoch's).")
+        "best",
+        description="Which weights the end-of-run export uses: best (the best epoch's, when best.pt was "
+        "saved) or last (the final epoch's).",
+    )
     atol: float = Field(1e-4, gt=0.0, description="Max absolute logit difference allowed against the eager model.")
     parity_samples: int = Field(256, ge=1, le=4096, description="Validation samples used for the parity check.")
     opset: int | None = Field(None, ge=13, le=23, description="ONNX opset; none uses the exporter's default.")
@@ -257,16 +339,26 @@ class ExportSpec(_Section):
 class LoaderSpec(_Section):
     """DataLoader settings."""
 
-    num_workers: int | None = Field(None, ge=0, le=64, description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).")
+    num_workers: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).",
+    )
     pin_memory: bool | None = Field(None, description="Pinned host memory; none: on when training on CUDA.")
     device_cache_mb: int = Field(
-        1024, ge=0, le=262_144, description="Datasets up to this size (MB, as float32) are moved to the device once; 0 disables it."
+        1024,
+        ge=0,
+        le=262_144,
+        description="Datasets up to this size (MB, as float32) are moved to the device once; 0 disables it.",
     )
 
 
 class ResourcesSpec(_Section):
     gpus: int = Field(
-        1, ge=1, le=16,
+        1,
+        ge=1,
+        le=16,
         description="Processes of one run on one host (DistributedDataParallel): one per GPU, or gloo processes on "
         "device cpu. train.batch_size stays the global batch, split evenly across them.",
     )
@@ -298,7 +390,10 @@ class RunSpec(_Section):
         es = ((data or {}).get("train") or {}).get("early_stopping") if isinstance(data, dict) else None
         if not isinstance(es, dict) or "restore_best" not in es:
             return data
-        data = {**data, "train": {**data["train"], "early_stopping": {k: v for k, v in es.items() if k != "restore_best"}}}
+        data = {
+            **data,
+            "train": {**data["train"], "early_stopping": {k: v for k, v in es.items() if k != "restore_best"}},
+        }
         if es["restore_best"] is False and "checkpoint" not in (data.get("export") or {}):
             data["export"] = {**(data.get("export") or {}), "checkpoint": "last"}
         return data
@@ -308,8 +403,10 @@ class RunSpec(_Section):
         if self.device == "cpu" and self.train.precision == "fp16":
             raise ValueError("train.precision=fp16 needs a CUDA device; on CPU use bf16 or fp32")
         if self.train.batch_size % self.resources.gpus:
-            raise ValueError(f"train.batch_size={self.train.batch_size} must divide evenly by "
-                             f"resources.gpus={self.resources.gpus} (it is the global batch)")
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size} must divide evenly by "
+                f"resources.gpus={self.resources.gpus} (it is the global batch)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -340,8 +437,16 @@ class RunSpec(_Section):
         try:
             data = bounded_yaml.load(text, "the spec") or {}
         except (bounded_yaml.YamlRefused, yaml.YAMLError) as e:
-            raise SpecError([("(root)", str(e).splitlines()[0] if isinstance(e, bounded_yaml.YamlRefused)
-                              else f"not valid YAML: {' '.join(str(e).split())[:300]}")]) from None
+            raise SpecError(
+                [
+                    (
+                        "(root)",
+                        str(e).splitlines()[0]
+                        if isinstance(e, bounded_yaml.YamlRefused)
+                        else f"not valid YAML: {' '.join(str(e).split())[:300]}",
+                    )
+                ]
+            ) from None
         if not isinstance(data, dict):
             raise SpecError([("(root)", "a run spec must be a YAML mapping of sections")])
         return cls.from_dict(data, overrides)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from core import catalog
 from core.catalog import DatasetEntry
 from core.config import AugmentSpec, DataSpec, LoaderSpec
+
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
 from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
 from core.shards import ShardSampler, shard_scale
@@ -116,8 +117,12 @@ def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
         ) from None
     data = torch.as_tensor(np.asarray(ds.data))
     images = data[:, None] if data.ndim == 3 else data.permute(0, 3, 1, 2)
-    return (images.contiguous().to(torch.uint8), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64),
-            list(ds.classes), [])
+    return (
+        images.contiguous().to(torch.uint8),
+        torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64),
+        list(ds.classes),
+        [],
+    )
 
 
 def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
@@ -126,7 +131,10 @@ def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
 
 # One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
 LOADERS: dict[str, Callable[[DatasetEntry, DataSpec, int], Loaded]] = {
-    "builtin": _digits, "generated": _synthetic, "torchvision": _torchvision, "folder": _imagefolder,
+    "builtin": _digits,
+    "generated": _synthetic,
+    "torchvision": _torchvision,
+    "folder": _imagefolder,
 }
 
 
@@ -190,13 +198,23 @@ def load_data(spec: DataSpec, seed: int) -> DataBundle:
         images, labels = sub.images, sub.labels
     tr, va = stratified_split(labels, spec.val_fraction, seed)
     if len(va) == 0 or len(tr) == 0:
-        raise DataError(f"{spec.name}: {len(labels)} samples are too few to split with val_fraction={spec.val_fraction}")
+        raise DataError(
+            f"{spec.name}: {len(labels)} samples are too few to split with val_fraction={spec.val_fraction}"
+        )
     train, val = _subset(images, labels, tr), _subset(images, labels, va)
     stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
     mean, std = channel_stats(stats_src) if spec.normalize else ([0.0] * stats_src.shape[1], [1.0] * stats_src.shape[1])
     info = DataInfo(
-        name=spec.name, class_names=classes, channels=int(stats_src.shape[1]), image_size=int(stats_src.shape[-1]),
-        mean=mean, std=std, num_train=len(train), num_val=len(val), skipped=len(skipped), skipped_files=skipped[:20],
+        name=spec.name,
+        class_names=classes,
+        channels=int(stats_src.shape[1]),
+        image_size=int(stats_src.shape[-1]),
+        mean=mean,
+        std=std,
+        num_train=len(train),
+        num_val=len(val),
+        skipped=len(skipped),
+        skipped_files=skipped[:20],
     )
     return DataBundle(info, train, val)
 
@@ -261,8 +279,16 @@ class DeviceBatches:
     every rank yields the same number of batches (an empty one when a last partial batch has fewer
     samples than there are ranks), so the ranks' collectives stay paired."""
 
-    def __init__(self, split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int,
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        split: Split,
+        batch_size: int,
+        shuffle: bool,
+        device: torch.device,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+    ):
         assert isinstance(split.images, torch.Tensor)
         self.x = split.images.to(device)
         self.y = split.labels.to(device)
@@ -283,14 +309,19 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.y)
         if self.world > 1:
-            order = (torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu")))
-                     if self.shuffle else torch.arange(n))
+            order = (
+                torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu")))
+                if self.shuffle
+                else torch.arange(n)
+            )
             mine = order[self.rank :: self.world].to(self.device)
             for k in range(len(self)):
                 idx = mine[k * self.batch_size : (k + 1) * self.batch_size]
                 yield self.x[idx], self.y[idx]
         elif self.shuffle:  # only the training split is shuffled
-            order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(self.device)
+            order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(
+                self.device
+            )
             for i in range(0, n, self.batch_size):
                 idx = order[i : i + self.batch_size]
                 yield self.x[idx], self.y[idx]
@@ -321,8 +352,17 @@ class HostBatches:
     """A DataLoader over host memory or lazily decoded files; batches moved per step. With `world` > 1,
     rank `rank`'s shard of every global batch, as DeviceBatches describes."""
 
-    def __init__(self, split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec,
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        split: Split,
+        batch_size: int,
+        shuffle: bool,
+        device: torch.device,
+        seed: int,
+        loader: LoaderSpec,
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.seed, self.shuffle, self.device, self.epoch = seed, shuffle, device, 0
         self.num_workers = default_num_workers(loader, split)
         self.pin = loader.pin_memory if loader.pin_memory is not None else device.type == "cuda"
@@ -343,8 +383,14 @@ class HostBatches:
         gen = epoch_generator(self.seed, self.epoch, torch.device("cpu"))
         shard = ShardSampler(len(self.dataset), self.rank, self.world, self.shuffle, gen) if self.world > 1 else None
         dl = DataLoader(
-            self.dataset, batch_size=self.batch_size, shuffle=self.shuffle and shard is None, sampler=shard,
-            num_workers=self.num_workers, pin_memory=self.pin, worker_init_fn=_seed_worker, generator=gen,
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle and shard is None,
+            sampler=shard,
+            num_workers=self.num_workers,
+            pin_memory=self.pin,
+            worker_init_fn=_seed_worker,
+            generator=gen,
             multiprocessing_context="spawn" if self.num_workers > 0 else None,
             persistent_workers=False,
         )
@@ -364,8 +410,16 @@ def default_num_workers(loader: LoaderSpec, split: Split) -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))  # about half the cores
 
 
-def make_batches(split: Split, batch_size: int, shuffle: bool, device: torch.device, seed: int, loader: LoaderSpec,
-                 rank: int = 0, world: int = 1):
+def make_batches(
+    split: Split,
+    batch_size: int,
+    shuffle: bool,
+    device: torch.device,
+    seed: int,
+    loader: LoaderSpec,
+    rank: int = 0,
+    world: int = 1,
+):
     """Batches of `batch_size` (per rank: rank `rank`'s shard of every global batch when `world` > 1)."""
     in_memory = isinstance(split.images, torch.Tensor)
     # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.

@@ -65,29 +65,65 @@ class Diagnoser:
                 others = sorted(x for j, x in finite.items() if j != k)
                 median = others[len(others) // 2]
                 if median > 0 and v > self.explode * median and v > 10.0:
-                    self.emit("exploding_gradients", "warning", f"gradient norm of {k} is {v:.3g}, "
-                              f"{v / median:.0f}× the median of the other layers (step {step})", at_step=step, where=k, step=step, value=v)
+                    self.emit(
+                        "exploding_gradients",
+                        "warning",
+                        f"gradient norm of {k} is {v:.3g}, "
+                        f"{v / median:.0f}× the median of the other layers (step {step})",
+                        at_step=step,
+                        where=k,
+                        step=step,
+                        value=v,
+                    )
         for k, v in finite.items():
             if v < self.vanish:
-                self.emit("vanishing_gradients", "warning", f"gradient norm of {k} is {v:.2e} (< {self.vanish:g}) at step {step}",
-                          at_step=step, where=k, step=step, value=v)
+                self.emit(
+                    "vanishing_gradients",
+                    "warning",
+                    f"gradient norm of {k} is {v:.2e} (< {self.vanish:g}) at step {step}",
+                    at_step=step,
+                    where=k,
+                    step=step,
+                    value=v,
+                )
 
     def epoch(self, epoch: int, m: dict[str, float], step: int) -> None:
         """End-of-epoch findings; `step` is the global step the epoch ended at."""
-        self.history.append(_Epoch(m.get("train/epoch_loss", math.nan), m.get("train/acc", math.nan),
-                                   m.get("val/loss", math.nan), m.get("val/acc", math.nan), m.get("data_wait_epoch", 0.0)))
+        self.history.append(
+            _Epoch(
+                m.get("train/epoch_loss", math.nan),
+                m.get("train/acc", math.nan),
+                m.get("val/loss", math.nan),
+                m.get("val/acc", math.nan),
+                m.get("data_wait_epoch", 0.0),
+            )
+        )
         h = self.history
         if len(h) >= 3 and h[-1].train_loss >= 0.99 * h[0].train_loss:
-            self.emit("loss_not_decreasing", "warning",
-                      f"training loss went from {h[0].train_loss:.4g} to {h[-1].train_loss:.4g} over {len(h)} epochs",
-                      at_step=step, epoch=epoch)
+            self.emit(
+                "loss_not_decreasing",
+                "warning",
+                f"training loss went from {h[0].train_loss:.4g} to {h[-1].train_loss:.4g} over {len(h)} epochs",
+                at_step=step,
+                epoch=epoch,
+            )
         if len(h) >= 3:
             gaps = [e.train_acc - e.val_acc for e in h[-3:]]
             val_rising = h[-1].val_loss > h[-2].val_loss > h[-3].val_loss and h[-1].train_loss < h[-3].train_loss
             if (gaps[0] < gaps[1] < gaps[2] and gaps[2] > 0.1) or (val_rising and gaps[2] > 0.05):
-                self.emit("overfitting", "warning",
-                          f"train/val accuracy gap grew to {gaps[2]:.1%} (val loss {h[-1].val_loss:.4g}) at epoch {epoch}",
-                          at_step=step, epoch=epoch)
+                self.emit(
+                    "overfitting",
+                    "warning",
+                    f"train/val accuracy gap grew to {gaps[2]:.1%} (val loss {h[-1].val_loss:.4g}) at epoch {epoch}",
+                    at_step=step,
+                    epoch=epoch,
+                )
         if h[-1].data_wait > 0.5:
-            self.emit("data_bound", "warning", f"{h[-1].data_wait:.0%} of step time waited for data in epoch {epoch}",
-                      at_step=step, epoch=epoch, value=h[-1].data_wait)
+            self.emit(
+                "data_bound",
+                "warning",
+                f"{h[-1].data_wait:.0%} of step time waited for data in epoch {epoch}",
+                at_step=step,
+                epoch=epoch,
+                value=h[-1].data_wait,
+            )

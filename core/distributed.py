@@ -43,8 +43,16 @@ class PeerFailed(RuntimeError):
 
 
 # Markers of a collective that failed because a peer went away (gloo and NCCL raise plain RuntimeErrors).
-_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out",
-                 "timed out", "gloo", "NCCL", "ProcessGroup")
+_PEER_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "gloo",
+    "NCCL",
+    "ProcessGroup",
+)
 
 
 def is_peer_error(e: BaseException) -> bool:
@@ -193,13 +201,15 @@ class CollectiveControl:
         return self.ranks.broadcast_object(reason)
 
 
-def join(rank: int, world: int, store: dist.Store, backend: str, device: torch.device, timeout_s: float,
-         compile_model: bool) -> Group:
+def join(
+    rank: int, world: int, store: dist.Store, backend: str, device: torch.device, timeout_s: float, compile_model: bool
+) -> Group:
     """Join the run's process group (blocks until all ranks have joined, at most `timeout_s`)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     return Group(rank, world, device, backend, compile_model)
 
 

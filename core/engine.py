@@ -27,13 +27,13 @@ from core.models import Classifier
 from core.names import (
     CHECKPOINT_FILES,
     CLASS_ACC_PREFIX,
-    MAX_CONFUSION_CLASSES,
-    MAX_PER_CLASS_SHOWN,
     EPOCH_TIME,
     GRAD_NORM,
     GRAD_NORM_PREFIX,
     LR,
     LR_EPOCH,
+    MAX_CONFUSION_CLASSES,
+    MAX_PER_CLASS_SHOWN,
     PEAK_MEMORY,
     TRAIN_EPOCH_LOSS,
     TRAIN_LOSS,
@@ -48,7 +48,6 @@ from core.names import (
 from core.optim import AmpStep, Schedule, apply_transfer, set_train_mode, trained_stages
 from core.scores import macro_f1
 from core.tally import Tally
-
 
 # A loss this many times its first value is divergence even while still finite (lr 1e3 sends a
 # cross-entropy of 1.1 to 1e16 in one step, then to inf gradients, yet never to NaN).
@@ -113,7 +112,6 @@ class Trainer:
         for batches, pre in ((self.train_batches, self.pre_train), (self.val_batches, self.pre_val)):
             if isinstance(batches, DeviceBatches) and pre.augment is None and batches.x.numel() * 4 <= budget:
                 batches.x = torch.cat([pre(chunk) for chunk in batches.x.split(4096)])
-
 
     @property
     def steps_per_epoch(self) -> int:
@@ -208,8 +206,13 @@ def optimizer_step(t: Trainer, params: list[nn.Parameter], tally: Tally, epoch: 
     step = t.global_step + 1
     log, diag = step % t.spec.train.log_every == 0 or step == 1, step % t.spec.train.diag_every == 0
     probe = LayerProbe(t, params) if diag else None
-    grad_norm = t.amp.step(t.optimizer, params, want_norm=log, before_step=probe and probe.before_step,
-                           after_step=probe and probe.after_step)
+    grad_norm = t.amp.step(
+        t.optimizer,
+        params,
+        want_norm=log,
+        before_step=probe and probe.before_step,
+        after_step=probe and probe.after_step,
+    )
     t.schedule.step_batch()
     t.global_step = step
     if log or diag:
@@ -218,8 +221,9 @@ def optimizer_step(t: Trainer, params: list[nn.Parameter], tally: Tally, epoch: 
             values[GRAD_NORM] = float(grad_norm)
         if probe is not None:
             values.update({k: float(v) for k, v in probe.values.items()})
-            t.diagnoser.layer_norms(step, {k.removeprefix(GRAD_NORM_PREFIX): v for k, v in values.items()
-                                           if k.startswith(GRAD_NORM_PREFIX)})
+            t.diagnoser.layer_norms(
+                step, {k.removeprefix(GRAD_NORM_PREFIX): v for k, v in values.items() if k.startswith(GRAD_NORM_PREFIX)}
+            )
         t.sink.metrics(step, epoch, values)  # logged first: the chart shows the explosion
         if probe is not None:
             emit_histograms(t.sink, step, probe.hist)
@@ -257,8 +261,11 @@ def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, fl
         if mistakes is not None:
             t.ranks.merge_mistakes(mistakes)
     cm = confusion.view(c, c).cpu()
-    m = {VAL_LOSS: (loss_sum / max(n, 1)).item(), VAL_ACC: float(cm.diag().sum()) / max(n, 1),
-         VAL_F1_MACRO: macro_f1(cm.diag().tolist(), cm.sum(1).tolist(), cm.sum(0).tolist())}
+    m = {
+        VAL_LOSS: (loss_sum / max(n, 1)).item(),
+        VAL_ACC: float(cm.diag().sum()) / max(n, 1),
+        VAL_F1_MACRO: macro_f1(cm.diag().tolist(), cm.sum(1).tolist(), cm.sum(0).tolist()),
+    }
     if c > 5:
         m[VAL_ACC_TOP5] = top5.item() / max(n, 1)
     return m, cm
@@ -274,11 +281,20 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
     return {
-        "model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(), "schedule": t.schedule.state_dict(),
-        "scaler": t.amp.scaler.state_dict(), "early_stopping": t.early.state_dict(), "epoch": epoch,
-        "global_step": t.global_step, "rng": rng_state(), "spec": t.spec.model_dump(mode="json"),
-        "data_info": t.data.info.to_dict(), "history": t.history,
-        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)}, "ref_loss": t.ref_loss, **t.ranks.rng_extra(),
+        "model": t.model.state_dict(),
+        "optimizer": t.optimizer.state_dict(),
+        "schedule": t.schedule.state_dict(),
+        "scaler": t.amp.scaler.state_dict(),
+        "early_stopping": t.early.state_dict(),
+        "epoch": epoch,
+        "global_step": t.global_step,
+        "rng": rng_state(),
+        "spec": t.spec.model_dump(mode="json"),
+        "data_info": t.data.info.to_dict(),
+        "history": t.history,
+        "diagnoser": {"emitted": sorted(t.diagnoser.emitted)},
+        "ref_loss": t.ref_loss,
+        **t.ranks.rng_extra(),
     }
 
 
@@ -286,8 +302,13 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     """Validate, log, checkpoint, decide. Returns a final status when training must end."""
     mistakes = Mistakes(t.device)
     val_m, cm = evaluate(t, mistakes)
-    m = {**train_m, **val_m, EPOCH_TIME: seconds, LR_EPOCH: t.optimizer.param_groups[-1]["lr"],
-         PEAK_MEMORY: _peak_memory_mb(t.device)}
+    m = {
+        **train_m,
+        **val_m,
+        EPOCH_TIME: seconds,
+        LR_EPOCH: t.optimizer.param_groups[-1]["lr"],
+        PEAK_MEMORY: _peak_memory_mb(t.device),
+    }
     names = t.data.info.class_names
     per_class = (cm.diag().float() / cm.sum(1).clamp_min(1).float()).tolist()
     keys = [class_acc_key(n) for n in names]  # a class name never makes a key the store refuses
@@ -297,8 +318,13 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     # describe one finished evaluation (evaluate already measured val/f1_macro from the same matrix).
     data = _evaluation_data(epoch, names, keys, per_class, cm)
     t.sink.metrics(t.global_step, epoch, m)
-    t.sink.event("evaluation", "info", f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}", data,
-                 step=t.global_step)
+    t.sink.event(
+        "evaluation",
+        "info",
+        f"epoch {epoch}: val/acc {m['val/acc']:.4f}, val/loss {m['val/loss']:.4f}",
+        data,
+        step=t.global_step,
+    )
     t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
     t.diagnoser.epoch(epoch, m, t.global_step)
     monitor = t.spec.train.early_stopping.monitor
@@ -310,14 +336,21 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     t.epoch = epoch
     _save_checkpoints(t, epoch, best)
     if t.early.should_stop:
-        t.sink.event("lifecycle", "info", f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
-                     f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})", {"code": "early_stopped"}, step=t.global_step)
+        t.sink.event(
+            "lifecycle",
+            "info",
+            f"early stopping: {monitor} did not improve for {t.early.patience} epochs "
+            f"(best {t.early.best:.4g} at epoch {t.early.best_epoch})",
+            {"code": "early_stopped"},
+            step=t.global_step,
+        )
         return "early_stopped"
     return None
 
 
-def _evaluation_data(epoch: int, names: list[str], keys: list[str], per_class: list[float],
-                     cm: torch.Tensor) -> dict[str, Any]:
+def _evaluation_data(
+    epoch: int, names: list[str], keys: list[str], per_class: list[float], cm: torch.Tensor
+) -> dict[str, Any]:
     """The evaluation event's data: per-class accuracy, precision, recall, F1 and support, and the confusion
     matrix (or, for many classes, its most confused pairs and the classes that need attention)."""
     scores = confusion_scores(cm)
@@ -328,9 +361,12 @@ def _evaluation_data(epoch: int, names: list[str], keys: list[str], per_class: l
         data["top_confusions"] = top_confusions(cm, names)
     if len(names) > MAX_PER_CLASS_SHOWN:  # thousands of classes: the ones that need attention, within the event cap
         worst = sorted(range(len(names)), key=per_class.__getitem__)[:MAX_PER_CLASS_SHOWN]
-        data.update(per_class_acc=[round(per_class[i], 4) for i in worst], class_names=[names[i] for i in worst],
-                    classes_shown=f"the {len(worst)} classes with the lowest accuracy, of {len(names)}",
-                    **{k: [v[i] for i in worst] for k, v in scores.items()})
+        data.update(
+            per_class_acc=[round(per_class[i], 4) for i in worst],
+            class_names=[names[i] for i in worst],
+            classes_shown=f"the {len(worst)} classes with the lowest accuracy, of {len(names)}",
+            **{k: [v[i] for i in worst] for k, v in scores.items()},
+        )
     shortened = {k: n for k, n in zip(keys, names, strict=True) if k != CLASS_ACC_PREFIX + n}
     if shortened and len(names) <= 50:
         data["class_keys"] = shortened  # the full name of each shortened per-class key
@@ -362,8 +398,13 @@ def judge(t: Trainer, epoch: int) -> str | None:
     reason = judge_epoch(epoch) if judge_epoch is not None and epoch >= 1 else None
     if not reason:
         return None
-    t.sink.event("lifecycle", "info", f"pruned: {reason}", {"code": "pruned", "epoch": epoch, "reason": reason},
-                 step=t.global_step)
+    t.sink.event(
+        "lifecycle",
+        "info",
+        f"pruned: {reason}",
+        {"code": "pruned", "epoch": epoch, "reason": reason},
+        step=t.global_step,
+    )
     return "pruned"
 
 
@@ -376,15 +417,22 @@ def fit(t: Trainer, start_epoch: int = 1) -> str:
         trained = apply_transfer(t.model, t.spec.model, epoch)
         t.forward = t.ranks.wrap(t.model, t.forward)  # DDP is rebuilt when the trained layers change
         if epoch > 1 and trained != trained_stages(t.model, t.spec.model, epoch - 1):
-            t.sink.event("lifecycle", "info", f"progressive unfreezing: training {', '.join(trained)} from epoch {epoch}",
-                         {"code": "unfreeze", "stages": trained}, step=t.global_step)
+            t.sink.event(
+                "lifecycle",
+                "info",
+                f"progressive unfreezing: training {', '.join(trained)} from epoch {epoch}",
+                {"code": "unfreeze", "stages": trained},
+                step=t.global_step,
+            )
         t0 = time.perf_counter()
         try:
             train_m = train_one_epoch(t, epoch)
         except Stopped:
             return "cancelled"
-        status = (t.ranks.agree(end_epoch(t, epoch, train_m, time.perf_counter() - t0))  # rank 0's verdict for all
-                  or (epoch < t.spec.train.epochs and judge(t, epoch)))
+        status = (
+            t.ranks.agree(end_epoch(t, epoch, train_m, time.perf_counter() - t0))  # rank 0's verdict for all
+            or (epoch < t.spec.train.epochs and judge(t, epoch))
+        )
         if status:
             return status
         if t.control.should_stop():

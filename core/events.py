@@ -27,7 +27,9 @@ class Sink(Protocol):
     start-up: data, model, "resumed from"), one set per attempt."""
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None: ...
-    def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None: ...
+    def event(
+        self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None
+    ) -> None: ...
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None: ...
     def progress(self, done: int, total: int) -> None: ...
 
@@ -81,8 +83,14 @@ class JsonlSink:
         self._metrics.write(json.dumps(rec) + "\n")
 
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
-        rec = {"time": time.time(), "kind": kind, "level": level, "message": message, "data": json_safe(data or {}),
-               "step": step}
+        rec = {
+            "time": time.time(),
+            "kind": kind,
+            "level": level,
+            "message": message,
+            "data": json_safe(data or {}),
+            "step": step,
+        }
         self._events.write(json.dumps(rec) + "\n")
 
     def artifact(self, kind: str, path: str, meta: dict | None = None) -> None:
@@ -180,8 +188,11 @@ class PrintSink:
 
     def metrics(self, step: int, epoch: int, values: dict[str, float]) -> None:
         if "val/acc" in values:
-            print(f"epoch {epoch:3d}  train/loss {values.get('train/epoch_loss', float('nan')):.4f}  "
-                  f"val/loss {values['val/loss']:.4f}  val/acc {values['val/acc']:.4f}  ({values.get('epoch_time_s', 0):.1f}s)", flush=True)
+            print(
+                f"epoch {epoch:3d}  train/loss {values.get('train/epoch_loss', float('nan')):.4f}  "
+                f"val/loss {values['val/loss']:.4f}  val/acc {values['val/acc']:.4f}  ({values.get('epoch_time_s', 0):.1f}s)",
+                flush=True,
+            )
 
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         if level != "info" or kind in ("lifecycle", "preflight"):

@@ -133,12 +133,20 @@ def _latency(run: Runner, inputs: torch.Tensor) -> dict[str, float]:
 # --- TorchScript ---------------------------------------------------------------------------------------
 
 
-def _trace_problems(traced: torch.jit.ScriptModule, inputs: torch.Tensor, refs: dict[int, torch.Tensor], atol: float,
-                    caught: list[warnings.WarningMessage]) -> list[str]:
+def _trace_problems(
+    traced: torch.jit.ScriptModule,
+    inputs: torch.Tensor,
+    refs: dict[int, torch.Tensor],
+    atol: float,
+    caught: list[warnings.WarningMessage],
+) -> list[str]:
     """Why a trace cannot be trusted: TracerWarnings, or outputs that differ from eager at any batch size
     (a trace records only the path the example took)."""
-    problems = [f"TracerWarning: {str(w.message).splitlines()[0]}" for w in caught
-                if issubclass(w.category, torch.jit.TracerWarning)]
+    problems = [
+        f"TracerWarning: {str(w.message).splitlines()[0]}"
+        for w in caught
+        if issubclass(w.category, torch.jit.TracerWarning)
+    ]
     for n, ref in refs.items():
         try:
             diff = (traced(_batch_of(inputs, n)) - ref).abs().max().item()
@@ -150,10 +158,17 @@ def _trace_problems(traced: torch.jit.ScriptModule, inputs: torch.Tensor, refs: 
     return list(dict.fromkeys(problems))
 
 
-def _export_torchscript(model: nn.Module, inputs: torch.Tensor, path: Path, refs: dict[int, torch.Tensor],
-                        atol: float, extra: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
+def _export_torchscript(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    path: Path,
+    refs: dict[int, torch.Tensor],
+    atol: float,
+    extra: dict[str, str],
+) -> tuple[Runner, dict[str, Any]]:
     """Trace with the real batch; script when the trace cannot be trusted. The checks run on the saved
     and reloaded file, which is what users get."""
+
     def save_and_load(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
         torch.jit.save(module, str(path), _extra_files={"torchdeck.json": json.dumps(extra)})
         return torch.jit.load(str(path), map_location="cpu")
@@ -170,7 +185,9 @@ def _export_torchscript(model: nn.Module, inputs: torch.Tensor, path: Path, refs
             try:
                 loaded = save_and_load(torch.jit.script(model))
             except Exception as e:  # noqa: BLE001
-                raise ExportError(f"trace unusable ({info['reason']}) and torch.jit.script failed: {_message(e)}") from e
+                raise ExportError(
+                    f"trace unusable ({info['reason']}) and torch.jit.script failed: {_message(e)}"
+                ) from e
     info["notes"] = _notes(caught)  # torch 2.14 deprecates TorchScript: say so, do not hide it
     return loaded, info
 
@@ -205,8 +222,14 @@ class _SharedProgram:
 def _onnx_dynamo(model: nn.Module, program: _SharedProgram, path: Path, opset: int | None) -> None:
     """Convert the shared ExportedProgram; when torch.export failed on the model, let the ONNX exporter
     try its own capture strategies before the legacy fallback."""
-    kwargs = dict(dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset,
-                  external_data=False, verbose=False)
+    kwargs = dict(
+        dynamo=True,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        opset_version=opset,
+        external_data=False,
+        verbose=False,
+    )
     try:
         source: Any = program.get()
         torch.onnx.export(source, (program.example,), str(path), **kwargs)
@@ -214,21 +237,30 @@ def _onnx_dynamo(model: nn.Module, program: _SharedProgram, path: Path, opset: i
         torch.onnx.export(model, (program.example,), str(path), dynamic_shapes=program.dynamic_shapes, **kwargs)
 
 
-def _onnx_legacy(model: nn.Module, example: torch.Tensor, path: Path, opset: int | None,
-                 caught: list[warnings.WarningMessage]) -> None:
+def _onnx_legacy(
+    model: nn.Module, example: torch.Tensor, path: Path, opset: int | None, caught: list[warnings.WarningMessage]
+) -> None:
     """The TorchScript-based exporter: a trace, so TracerWarnings mean a graph that is wrong elsewhere."""
     start = len(caught)
-    torch.onnx.export(model, (example,), str(path), dynamo=False, input_names=[INPUT_NAME],
-                      output_names=[OUTPUT_NAME], opset_version=opset,
-                      dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    torch.onnx.export(
+        model,
+        (example,),
+        str(path),
+        dynamo=False,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        opset_version=opset,
+        dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+    )
     tracer = [str(w.message).splitlines()[0] for w in caught[start:] if issubclass(w.category, torch.jit.TracerWarning)]
     if tracer:
         path.unlink(missing_ok=True)
         raise ExportError(f"the traced graph would hold only the branch this batch took (TracerWarning: {tracer[0]})")
 
 
-def _export_onnx(model: nn.Module, program: _SharedProgram, path: Path, opset: int | None,
-                 props: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
+def _export_onnx(
+    model: nn.Module, program: _SharedProgram, path: Path, opset: int | None, props: dict[str, str]
+) -> tuple[Runner, dict[str, Any]]:
     """torch.export-based exporter with a dynamic batch, legacy exporter as fallback; full checker; metadata."""
     import onnx
     import onnxruntime as ort
@@ -242,7 +274,9 @@ def _export_onnx(model: nn.Module, program: _SharedProgram, path: Path, opset: i
             try:
                 _onnx_legacy(model, program.example, path, opset, caught)
             except Exception as e2:  # noqa: BLE001
-                raise ExportError(f"dynamo exporter: {info['fallback_reason']} | legacy exporter: {_message(e2)}") from e2
+                raise ExportError(
+                    f"dynamo exporter: {info['fallback_reason']} | legacy exporter: {_message(e2)}"
+                ) from e2
     proto = onnx.load(str(path))
     onnx.helper.set_model_props(proto, props)
     try:
@@ -254,7 +288,9 @@ def _export_onnx(model: nn.Module, program: _SharedProgram, path: Path, opset: i
     info["checker"] = "passed (full_check=True)"
     info["notes"] = _notes(caught)
     if opset is not None and info["opset"] != opset:  # the dynamo exporter keeps 18 when it cannot convert down
-        info["notes"].append(f"opset {opset} was requested; the exporter could not convert to it and wrote {info['opset']}")
+        info["notes"].append(
+            f"opset {opset} was requested; the exporter could not convert to it and wrote {info['opset']}"
+        )
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # as many threads as eager: latencies compare like with like
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -276,8 +312,17 @@ def _export_pt2(program: _SharedProgram, path: Path, extra: dict[str, str]) -> t
 # --- the whole export ---------------------------------------------------------------------------------------
 
 
-def _export_one(fmt: str, model: nn.Module, inputs: torch.Tensor, path: Path, refs: dict[int, torch.Tensor],
-                atol: float, opset: int | None, props: dict[str, str], program: _SharedProgram) -> dict[str, Any]:
+def _export_one(
+    fmt: str,
+    model: nn.Module,
+    inputs: torch.Tensor,
+    path: Path,
+    refs: dict[int, torch.Tensor],
+    atol: float,
+    opset: int | None,
+    props: dict[str, str],
+    program: _SharedProgram,
+) -> dict[str, Any]:
     """Export one format, reload it from disk, verify it; never raises for an exporter's failure."""
     t0 = time.perf_counter()
     try:
@@ -300,8 +345,15 @@ def _export_one(fmt: str, model: nn.Module, inputs: torch.Tensor, path: Path, re
     return entry
 
 
-def _export_all(model: nn.Module, inputs: torch.Tensor, out_dir: Path, report: dict[str, Any], atol: float,
-                opset: int | None, say: Callable[[str], None]) -> None:
+def _export_all(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    out_dir: Path,
+    report: dict[str, Any],
+    atol: float,
+    opset: int | None,
+    say: Callable[[str], None],
+) -> None:
     """Eager references and latency, then each requested format in turn (fills report in place)."""
     props = embedded(report)
     refs = {n: model(_batch_of(inputs, n)).float() for n in report["check_batches"]}
@@ -317,9 +369,16 @@ def _export_all(model: nn.Module, inputs: torch.Tensor, out_dir: Path, report: d
         say(f"{fmt}: {'ok' if entry['ok'] else 'FAILED: ' + entry['error'][:200]}")
 
 
-def export_model(model: nn.Module, inputs: torch.Tensor, out_dir: Path, formats: list[str], meta: dict[str, Any],
-                 atol: float = 1e-4, opset: int | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def export_model(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    out_dir: Path,
+    formats: list[str],
+    meta: dict[str, Any],
+    atol: float = 1e-4,
+    opset: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Export `model` to each format in `formats` under `out_dir`, verify every file against the eager model
     on `inputs` (a normalised validation batch of up to 256 samples) and write export.json and bundle.zip.
     Returns the report that export.json holds. Raises ValueError for bad arguments only: an exporter's

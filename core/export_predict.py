@@ -30,7 +30,10 @@ def load_model(model_path: Path):  # -> (onnxruntime.InferenceSession, dict)
         }
     else:  # an ONNX file whose metadata was stripped: use the export report shipped beside it
         report = json.loads((model_path.parent / "export.json").read_text())
-        meta = {"class_names": report["class_names"], **{k: report["input"][k] for k in ("channels", "image_size", "mean", "std")}}
+        meta = {
+            "class_names": report["class_names"],
+            **{k: report["input"][k] for k in ("channels", "image_size", "mean", "std")},
+        }
     return session, meta
 
 
@@ -61,7 +64,12 @@ def classify(session, meta: dict, image_path: Path) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Classify images with the exported ONNX model.")
     parser.add_argument("images", nargs="+", type=Path, help="image files (any format Pillow reads)")
-    parser.add_argument("--model", type=Path, default=Path(__file__).with_name("model.onnx"), help="default: model.onnx beside this script")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=Path(__file__).with_name("model.onnx"),
+        help="default: model.onnx beside this script",
+    )
     args = parser.parse_args(argv)
     session, meta = load_model(args.model)
     for path in args.images:

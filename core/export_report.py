@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import platform
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,20 @@ def embedded(report: dict[str, Any]) -> dict[str, str]:
     """Flat string metadata for ONNX metadata_props and the TorchScript / pt2 extra files: enough to
     preprocess an image and name the class without export.json."""
     inp = report["input"]
-    as_json = {"class_names": report["class_names"], "input_shape": inp["shape"], "mean": inp["mean"],
-               "std": inp["std"], "versions": report["versions"]}
-    as_text = {"channels": inp["channels"], "image_size": inp["image_size"], "preprocess": inp["preprocess"],
-               "spec_hash": report["spec_hash"] or "", "arch": report["arch"] or ""}
+    as_json = {
+        "class_names": report["class_names"],
+        "input_shape": inp["shape"],
+        "mean": inp["mean"],
+        "std": inp["std"],
+        "versions": report["versions"],
+    }
+    as_text = {
+        "channels": inp["channels"],
+        "image_size": inp["image_size"],
+        "preprocess": inp["preprocess"],
+        "spec_hash": report["spec_hash"] or "",
+        "arch": report["arch"] or "",
+    }
     return {**{k: json.dumps(v) for k, v in as_json.items()}, **{k: str(v) for k, v in as_text.items()}}
 
 
@@ -52,25 +62,36 @@ def check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -
         raise ValueError(f"unknown export formats {unknown}; known formats: {', '.join(EXPORT_FORMATS)}")
     want = (meta["channels"], meta["image_size"], meta["image_size"])
     if inputs.dtype != torch.float32 or inputs.dim() != 4 or tuple(inputs.shape[1:]) != want or inputs.shape[0] < 1:
-        raise ValueError(f"inputs must be a normalised float32 batch (N, {want[0]}, {want[1]}, {want[2]}), "
-                         f"got {inputs.dtype} {tuple(inputs.shape)}")
+        raise ValueError(
+            f"inputs must be a normalised float32 batch (N, {want[0]}, {want[1]}, {want[2]}), "
+            f"got {inputs.dtype} {tuple(inputs.shape)}"
+        )
 
 
 def report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], atol: float) -> dict[str, Any]:
     c, s = int(meta["channels"]), int(meta["image_size"])
     return {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "arch": meta.get("arch"),
         "spec_hash": meta.get("spec_hash"),
         "weights": dict(meta.get("weights") or {}),  # which checkpoint and epoch the exported model holds
         "class_names": list(meta["class_names"]),
         "input": {
-            "name": INPUT_NAME, "shape": ["batch", c, s, s], "dtype": "float32", "channels": c, "image_size": s,
-            "mean": list(meta["mean"]), "std": list(meta["std"]),
+            "name": INPUT_NAME,
+            "shape": ["batch", c, s, s],
+            "dtype": "float32",
+            "channels": c,
+            "image_size": s,
+            "mean": list(meta["mean"]),
+            "std": list(meta["std"]),
             "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, x = (pixel/255 - mean) / std "
-                          "per channel, NCHW float32",
+            "per channel, NCHW float32",
         },
-        "output": {"name": OUTPUT_NAME, "shape": ["batch", len(meta["class_names"])], "kind": "logits (softmax for probabilities)"},
+        "output": {
+            "name": OUTPUT_NAME,
+            "shape": ["batch", len(meta["class_names"])],
+            "kind": "logits (softmax for probabilities)",
+        },
         "versions": _versions(meta.get("versions")),
         "threads": torch.get_num_threads(),  # torch's intra-op threads; onnxruntime is given the same number
         "requested_formats": list(formats),
@@ -91,4 +112,6 @@ def write_bundle(out_dir: Path, members: list[str]) -> None:
         for name in members:
             src = Path(__file__).with_name("export_predict.py") if name == "predict.py" else out_dir / name
             # Float weights do not compress: deflating model files would only cost seconds per 100 MB.
-            zf.write(src, name, compress_type=zipfile.ZIP_STORED if name in EXPORT_FILES.values() else zipfile.ZIP_DEFLATED)
+            zf.write(
+                src, name, compress_type=zipfile.ZIP_STORED if name in EXPORT_FILES.values() else zipfile.ZIP_DEFLATED
+            )

@@ -141,7 +141,9 @@ def _unwrap(entries: list[Entry]) -> list[Entry]:
     while True:
         tops = {p[0] for _, p, is_dir in entries if is_dir or len(p) > 1}
         deeper = any(len(p) > 2 or (is_dir and len(p) > 1) for _, p, is_dir in entries)
-        own_images = any(len(p) == 2 and not d and PurePosixPath(p[1]).suffix.lower() in IMAGE_EXTS for _, p, d in entries)
+        own_images = any(
+            len(p) == 2 and not d and PurePosixPath(p[1]).suffix.lower() in IMAGE_EXTS for _, p, d in entries
+        )
         if len(tops) != 1 or not deeper or own_images:
             return entries
         top = tops.pop()
@@ -227,7 +229,9 @@ def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: in
     counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes))
     if (counts == 0).any():
         lost = [c for c, n in zip(classes, counts, strict=True) if n == 0]
-        raise DataError(f"{path}: every image of class(es) {', '.join(lost)} is unreadable, e.g. {', '.join(skipped[:5])}")
+        raise DataError(
+            f"{path}: every image of class(es) {', '.join(lost)} is unreadable, e.g. {', '.join(skipped[:5])}"
+        )
     y = torch.as_tensor(labels, dtype=torch.int64)
     images = torch.from_numpy(np.stack(decoded)) if eager else LazyImages(source, good, mode, size)
     return images, y, list(classes), skipped

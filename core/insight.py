@@ -71,15 +71,17 @@ def write_gallery(split: Split, names: list[str], picks: list[tuple[int, int, fl
         arr = np.repeat(arr, 3, axis=0) if arr.shape[0] == 1 else arr[:3]
         im = Image.fromarray(arr.transpose(1, 2, 0)).resize((cell - 2 * pad, cell - 2 * pad), Image.NEAREST)
         grid.paste(im, ((k % cols) * cell + pad, (k // cols) * cell + pad))
-        items.append({"index": i, "true": names[int(split.labels[i])], "predicted": names[pred],
-                      "confidence": round(conf, 4)})
+        items.append(
+            {"index": i, "true": names[int(split.labels[i])], "predicted": names[pred], "confidence": round(conf, 4)}
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path)
     return {"cell": cell, "cols": cols, "pad": pad, "items": items}
 
 
-def store_gallery(sink: Sink, split: Split, names: list[str], mistakes: Mistakes, cm: torch.Tensor, epoch: int,
-                  out_dir: Path) -> None:
+def store_gallery(
+    sink: Sink, split: Split, names: list[str], mistakes: Mistakes, cm: torch.Tensor, epoch: int, out_dir: Path
+) -> None:
     """The best epoch's gallery as one artifact (a file per epoch: an earlier one may still be uploading)."""
     picks = mistakes.picks()
     if not picks:
@@ -120,8 +122,15 @@ def emit_histograms(sink: Sink, step: int, hist: tuple[list[tuple[str, str]], to
     if hist is None:
         return
     rows, counts = hist
-    data: dict[str, Any] = {"code": "histograms", "step": step, "bins": HIST_BINS, "range": list(HIST_RANGE),
-                            "scale": "log10 |value|", "weight": {}, "grad": {}}
+    data: dict[str, Any] = {
+        "code": "histograms",
+        "step": step,
+        "bins": HIST_BINS,
+        "range": list(HIST_RANGE),
+        "scale": "log10 |value|",
+        "weight": {},
+        "grad": {},
+    }
     for (what, name), row in zip(rows, counts.long().tolist(), strict=True):
         data[what][name] = row
     sink.event(HISTOGRAM_EVENT, "info", f"weight and gradient histograms at step {step}", data, step=step)

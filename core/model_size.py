@@ -138,12 +138,16 @@ def refusal(spec: Any) -> str | None:
         hidden = m.name in catalog.HIDDEN_MODELS
         grows = f"model.hidden={m.hidden} with {size}" if hidden else f"{task.classes:,} classes"
         lower = f"lower model.hidden or {task.size_field}" if hidden else "use fewer classes"
-        return (f"{grows} makes {m.name} a model of {e.parameters / 1e9:,.1f} billion parameters "
-                f"({gib(FLOAT * e.parameters)} as float32; training takes about {gib(e.total_bytes)}); at most "
-                f"{MAX_PARAMETERS / 1e9:.0f} billion: {lower}")
+        return (
+            f"{grows} makes {m.name} a model of {e.parameters / 1e9:,.1f} billion parameters "
+            f"({gib(FLOAT * e.parameters)} as float32; training takes about {gib(e.total_bytes)}); at most "
+            f"{MAX_PARAMETERS / 1e9:.0f} billion: {lower}"
+        )
     if e.total_bytes > MAX_TRAINING_BYTES:
-        return (f"training {m.name} on {size} at train.batch_size={spec.train.batch_size} takes about "
-                f"{gib(e.total_bytes)} a process (activations of {e.batch:,} samples: {gib(e.activation_bytes)}); "
-                f"at most {gib(MAX_TRAINING_BYTES)}: lower train.batch_size or {task.size_field}, or set "
-                "model.gradient_checkpointing or train.precision=bf16")
+        return (
+            f"training {m.name} on {size} at train.batch_size={spec.train.batch_size} takes about "
+            f"{gib(e.total_bytes)} a process (activations of {e.batch:,} samples: {gib(e.activation_bytes)}); "
+            f"at most {gib(MAX_TRAINING_BYTES)}: lower train.batch_size or {task.size_field}, or set "
+            "model.gradient_checkpointing or train.precision=bf16"
+        )
     return None

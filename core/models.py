@@ -27,13 +27,17 @@ from core.config import ModelSpec
 class SimpleCNN(nn.Module):
     """The reference small CNN (docs/practices.md): two 3×3 convs with 2×2 pooling, fc→hidden→classes."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int, widths: tuple[int, int], hidden: int, dropout: float):
+    def __init__(
+        self, in_channels: int, num_classes: int, image_size: int, widths: tuple[int, int], hidden: int, dropout: float
+    ):
         super().__init__()
         c1, c2 = widths
         self.conv1 = nn.Sequential(nn.Conv2d(in_channels, c1, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
         self.conv2 = nn.Sequential(nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
         side = image_size // 4  # two 2×2 pools
-        self.fc1 = nn.Sequential(nn.Flatten(), nn.Linear(c2 * side * side, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.fc1 = nn.Sequential(
+            nn.Flatten(), nn.Linear(c2 * side * side, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)
+        )
         self.fc2 = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -43,7 +47,9 @@ class SimpleCNN(nn.Module):
 class MLP(nn.Module):
     def __init__(self, in_features: int, num_classes: int, hidden: int, dropout: float):
         super().__init__()
-        self.fc1 = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.fc1 = nn.Sequential(
+            nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)
+        )
         self.fc2 = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
         self.head = nn.Linear(hidden, num_classes)
 
@@ -72,7 +78,9 @@ class _KeepNormStats:
     would update BatchNorm running statistics twice per step. Restore them afterwards."""
 
     def __init__(self, module: nn.Module):
-        self.norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        self.norms = [
+            m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        ]
         self.saved: list[list[torch.Tensor]] = []
 
     def _buffers(self, m: nn.Module) -> list[torch.Tensor]:
@@ -187,13 +195,16 @@ def _pretrained(entry: ModelEntry, name: str) -> object:
     assert entry.weights is not None
     weights = torchvision.models.get_model_weights(entry.builder)[entry.weights.name]
     if Path(weights.url).name != entry.weights.file:  # a torchvision upgrade changed them: the catalog must follow
-        raise RuntimeError(f"core/catalog.py says {name}'s {entry.weights.name} weights are {entry.weights.file}, "
-                           f"but this torchvision's are {Path(weights.url).name}: update the catalog")
+        raise RuntimeError(
+            f"core/catalog.py says {name}'s {entry.weights.name} weights are {entry.weights.file}, "
+            f"but this torchvision's are {Path(weights.url).name}: update the catalog"
+        )
     return weights
 
 
-def _torchvision_net(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int,
-                     size: int) -> tuple[nn.Module, str]:
+def _torchvision_net(
+    entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int, size: int
+) -> tuple[nn.Module, str]:
     """Any torchvision classifier: its builder by name, the catalog's weights, the head replaced (a dropout
     before it when asked). Every torchvision family builds this way; only the catalog entries differ."""
     import torchvision
@@ -237,8 +248,9 @@ def _mlp(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int,
     return MLP(in_channels * size * size, num_classes, spec.hidden, spec.dropout), entry.head
 
 
-def _simple_cnn(entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int,
-                size: int) -> tuple[nn.Module, str]:
+def _simple_cnn(
+    entry: ModelEntry, spec: ModelSpec, num_classes: int, in_channels: int, size: int
+) -> tuple[nn.Module, str]:
     c1, c2 = entry.widths
     return SimpleCNN(in_channels, num_classes, size, (c1, c2), spec.hidden, spec.dropout), entry.head
 
@@ -253,8 +265,9 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
-def build_model(spec: ModelSpec, num_classes: int, in_channels: int, image_size: int,
-                class_names: list[str] | None = None) -> Classifier:
+def build_model(
+    spec: ModelSpec, num_classes: int, in_channels: int, image_size: int, class_names: list[str] | None = None
+) -> Classifier:
     """Create a catalog model for `num_classes` classes on `in_channels`×`image_size`² inputs.
     With `spec.weights_file`, the load report (missing / unexpected / shape_mismatch keys) is kept
     in `model.weights_report`, and whether the file's head was used (see head_plan: `class_names`
@@ -291,23 +304,30 @@ def _few(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f", … ({len(names)} in all)" if len(names) > n else "")
 
 
-def head_plan(spec: ModelSpec | None, file_classes: list[str] | None, task_classes: list[str] | None) -> tuple[bool, str]:
+def head_plan(
+    spec: ModelSpec | None, file_classes: list[str] | None, task_classes: list[str] | None
+) -> tuple[bool, str]:
     """Whether the weights file's classifier head is loaded (True) or the model keeps its fresh one, and why."""
     if file_classes is not None and task_classes is not None:
         if list(file_classes) != list(task_classes):
-            return False, (f"the weights were trained on other classes ({_few(file_classes)}) than this task's "
-                           f"({_few(task_classes)})")
+            return False, (
+                f"the weights were trained on other classes ({_few(file_classes)}) than this task's "
+                f"({_few(task_classes)})"
+            )
         return True, "the weights were trained on this task's classes"
     if spec is not None and spec.transfer in TRANSFER_MODES and not spec.keep_head:
-        return False, (f"model.transfer={spec.transfer} from weights without class names starts a fresh head "
-                       "(model.keep_head=true keeps the file's)")
+        return False, (
+            f"model.transfer={spec.transfer} from weights without class names starts a fresh head "
+            "(model.keep_head=true keeps the file's)"
+        )
     if spec is not None and spec.keep_head:
         return True, "model.keep_head=true"
     return True, "model.transfer=scratch loads every tensor that fits"
 
 
-def load_weights_file(model: Classifier, path: str, spec: ModelSpec | None = None,
-                      class_names: list[str] | None = None) -> dict[str, list[str]]:
+def load_weights_file(
+    model: Classifier, path: str, spec: ModelSpec | None = None, class_names: list[str] | None = None
+) -> dict[str, list[str]]:
     """Load a user state_dict without executing pickle code; report key mismatches clearly.
     A file whose tensors mostly do not fit is refused: it was saved from another architecture.
     The head is loaded or left fresh as `head_plan` says; `model.head_report` says which and why."""
@@ -332,11 +352,21 @@ def load_weights_file(model: Classifier, path: str, spec: ModelSpec | None = Non
             f"e.g. {shape_bad[:3]}). The file was saved from a different architecture."
         )
     if keep and any(k not in usable for k in head_keys):
-        keep, why = False, ("the file's head has another shape (another number of classes)" if
-                            any(k in shape_bad for k in head_keys) else "the file has no tensors for this model's head")
+        keep, why = (
+            False,
+            (
+                "the file's head has another shape (another number of classes)"
+                if any(k in shape_bad for k in head_keys)
+                else "the file has no tensors for this model's head"
+            ),
+        )
     model.load_state_dict(usable, strict=False)
-    model.head_report = {"head": "loaded" if keep else "fresh", "reason": why,
-                         "file_classes": file_classes or [], "dropped": dropped}
+    model.head_report = {
+        "head": "loaded" if keep else "fresh",
+        "reason": why,
+        "file_classes": file_classes or [],
+        "dropped": dropped,
+    }
     return {"missing": missing, "unexpected": unexpected, "shape_mismatch": shape_bad}
 
 

@@ -91,7 +91,7 @@ def queue_gpus(queue: str) -> int | None:
         return 0
     if queue == GPU_QUEUE:
         return 1
-    digits = queue[len(MULTI_GPU_PREFIX):] if queue.startswith(MULTI_GPU_PREFIX) else ""
+    digits = queue[len(MULTI_GPU_PREFIX) :] if queue.startswith(MULTI_GPU_PREFIX) else ""
     if digits.isdigit() and str(int(digits)) == digits and 2 <= int(digits) <= MAX_RUN_GPUS:
         return int(digits)
     return None

@@ -37,8 +37,10 @@ def trained_stages(model: Classifier, spec: ModelSpec, epoch: int) -> list[str]:
     if spec.transfer in ("scratch", "finetune"):
         return names
     if spec.transfer == "finetune_last_n" and spec.last_n > len(backbone):
-        raise ValueError(f"model.last_n={spec.last_n}, but {model.arch} has {len(backbone)} backbone stages "
-                         f"({', '.join(backbone)}): use at most {len(backbone)}, or model.transfer=finetune")
+        raise ValueError(
+            f"model.last_n={spec.last_n}, but {model.arch} has {len(backbone)} backbone stages "
+            f"({', '.join(backbone)}): use at most {len(backbone)}, or model.transfer=finetune"
+        )
     first = spec.last_n if spec.transfer == "finetune_last_n" else 0
     n = min(len(backbone), first + _extra_stages(spec, epoch))
     return [*backbone[len(backbone) - n :], names[-1]]
@@ -125,8 +127,15 @@ def build_optimizer(model: Classifier, optim: OptimSpec, mspec: ModelSpec) -> to
             decay, no_decay = decay + no_decay, []
         for suffix, ps, w in (("", decay, wd), ("/no_decay", no_decay, 0.0)):
             if ps:
-                groups.append({"params": ps, "lr": lr, "weight_decay": w, "name": name + suffix,
-                               "warmup": not (fresh and name == "head")})
+                groups.append(
+                    {
+                        "params": ps,
+                        "lr": lr,
+                        "weight_decay": w,
+                        "name": name + suffix,
+                        "warmup": not (fresh and name == "head"),
+                    }
+                )
     if optim.name == "sgd":
         return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, nesterov=optim.nesterov)
     if optim.name == "adam":
@@ -164,7 +173,9 @@ def lr_factor(spec: ScheduleSpec, step: int, steps_per_epoch: int, total_steps: 
 class Schedule:
     """Per-step LR for every schedule but plateau, which steps per epoch on the monitored metric."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, spec: ScheduleSpec, steps_per_epoch: int, epochs: int, mode: str):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, spec: ScheduleSpec, steps_per_epoch: int, epochs: int, mode: str
+    ):
         self.opt, self.spec = optimizer, spec
         self.steps_per_epoch, self.total = steps_per_epoch, steps_per_epoch * epochs
         self.base = [g["lr"] for g in optimizer.param_groups]
@@ -172,7 +183,9 @@ class Schedule:
         self.cold_spec = spec.model_copy(update={"warmup_epochs": 0.0})  # for a fresh head's groups
         self.step_count = 0
         self.plateau = (
-            torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=spec.gamma, patience=spec.patience, min_lr=spec.min_lr)
+            torch.optim.lr_scheduler.ReduceLROnPlateau(
+                optimizer, mode=mode, factor=spec.gamma, patience=spec.patience, min_lr=spec.min_lr
+            )
             if spec.name == "plateau"
             else None
         )
@@ -198,7 +211,11 @@ class Schedule:
             self.plateau.step(metric)
 
     def state_dict(self) -> dict:
-        return {"step_count": self.step_count, "base": self.base, "plateau": self.plateau.state_dict() if self.plateau else None}
+        return {
+            "step_count": self.step_count,
+            "base": self.base,
+            "plateau": self.plateau.state_dict() if self.plateau else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count, self.base = state["step_count"], state["base"]

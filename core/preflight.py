@@ -70,8 +70,15 @@ def sample_grid(data: DataBundle, path: Path, n: int = 32) -> Path:
     return path
 
 
-def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, steps: int, batch: int = 16,
-                      lr: float = 1e-3, budget_s: float | None = None) -> dict:
+def overfit_one_batch(
+    model: nn.Module,
+    data: DataBundle,
+    device: torch.device,
+    steps: int,
+    batch: int = 16,
+    lr: float = 1e-3,
+    budget_s: float | None = None,
+) -> dict:
     """Train a copy of the model on one small batch (Adam at `lr`); a healthy model/loss/label setup memorises
     it. With `budget_s`, it stops after that many seconds: `steps` then says how many it took."""
     m = copy.deepcopy(model).to(device).train()
@@ -98,8 +105,15 @@ def overfit_one_batch(model: nn.Module, data: DataBundle, device: torch.device, 
         last = crit(logits, y).item()
         acc = (logits.argmax(1) == y).float().mean().item()
     passed = acc >= 0.99 or last < 0.1 * first
-    return {"passed": passed, "initial_loss": first, "final_loss": last, "batch_acc": acc, "steps": done,
-            "batch": len(y), "lr": lr}
+    return {
+        "passed": passed,
+        "initial_loss": first,
+        "final_loss": last,
+        "batch_acc": acc,
+        "steps": done,
+        "batch": len(y),
+        "lr": lr,
+    }
 
 
 def data_memory_bytes(spec) -> int | None:
@@ -140,9 +154,11 @@ def check_memory(spec) -> None:
     and a batch's activations, as core.model_size estimates them)."""
     need, have = data_memory_bytes(spec), available_memory_bytes()
     if need is not None and have is not None and need > 0.8 * have:
-        raise MemoryError(f"the dataset needs about {need / 2**30:.1f} GB of memory and this host has "
-                          f"{have / 2**30:.1f} GB available: lower data.num_samples or data.size "
-                          "(or loader.device_cache_mb, which keeps a float32 copy)")
+        raise MemoryError(
+            f"the dataset needs about {need / 2**30:.1f} GB of memory and this host has "
+            f"{have / 2**30:.1f} GB available: lower data.num_samples or data.size "
+            "(or loader.device_cache_mb, which keeps a float32 copy)"
+        )
     where, free = training_memory(spec)
     e = model_size.estimate(spec)
     total = e.total_bytes + ((need or 0) if where == "host" else 0)
@@ -151,4 +167,5 @@ def check_memory(spec) -> None:
         raise MemoryError(
             f"training {spec.model.name} takes about {model_size.gib(total)} ({e.parameters:,} parameters with their "
             f"gradients and optimizer state, the activations of {e.batch:,} samples{with_data}) and this {where} has "
-            f"{model_size.gib(free)} free: {model_size.levers(spec)}")
+            f"{model_size.gib(free)} free: {model_size.levers(spec)}"
+        )

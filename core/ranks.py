@@ -66,12 +66,24 @@ class Launch:
     def announce(self, sink: Sink, spec: RunSpec) -> None:
         """The run's shape, for the dashboard: "batch 32 per rank × 2 = 64 total"."""
         world, batch = self.ranks.world, spec.train.batch_size
-        data = {"code": "distributed", "world_size": world, "backend": self.ranks.backend,
-                "per_rank_batch": batch // world, "global_batch": batch, "accumulate": spec.train.accumulate,
-                "lr": spec.optim.lr, "device": "cpu" if self.ranks.device.type == "cpu" else f"cuda:0..cuda:{world - 1}",
-                "threads_per_rank": torch.get_num_threads()}
-        sink.event("distributed", "info", f"DistributedDataParallel on {world} processes ({self.ranks.backend}): batch "
-                   f"{batch // world} per rank × {world} = {batch} total, lr {spec.optim.lr:g}", data)
+        data = {
+            "code": "distributed",
+            "world_size": world,
+            "backend": self.ranks.backend,
+            "per_rank_batch": batch // world,
+            "global_batch": batch,
+            "accumulate": spec.train.accumulate,
+            "lr": spec.optim.lr,
+            "device": "cpu" if self.ranks.device.type == "cpu" else f"cuda:0..cuda:{world - 1}",
+            "threads_per_rank": torch.get_num_threads(),
+        }
+        sink.event(
+            "distributed",
+            "info",
+            f"DistributedDataParallel on {world} processes ({self.ranks.backend}): batch "
+            f"{batch // world} per rank × {world} = {batch} total, lr {spec.optim.lr:g}",
+            data,
+        )
 
     def explain(self, e: BaseException) -> BaseException:
         """What rank 0's exception means for the run: a peer's own error (reported through its pipe) fails the
@@ -130,9 +142,13 @@ class Launch:
                 p.kill()
             p.join(10)
         if stuck and finished and sink is not None:
-            sink.event("lifecycle", "warning", f"rank(s) {', '.join(map(str, stuck))} did not exit within "
-                       f"{EXIT_GRACE_S:.0f} s of the end of the run and were terminated", {"code": "ranks_terminated",
-                                                                                         "ranks": stuck})
+            sink.event(
+                "lifecycle",
+                "warning",
+                f"rank(s) {', '.join(map(str, stuck))} did not exit within "
+                f"{EXIT_GRACE_S:.0f} s of the end of the run and were terminated",
+                {"code": "ranks_terminated", "ranks": stuck},
+            )
         for pipe in self.pipes:
             pipe.close()
         leave()
@@ -154,15 +170,32 @@ def start_ranks(spec: RunSpec, out: Path, device_type: str, resume: bool, target
         raise RuntimeError(f"resources.gpus={world} but {torch.cuda.device_count()} CUDA device(s) are visible here")
     _localhost_only()
     backend = "nccl" if device_type == "cuda" else "gloo"
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S),
+    )
     threads = max(1, (os.cpu_count() or 1) // world)
     ctx = mp.get_context("spawn")
     procs, pipes = [], []
     for rank in range(1, world):
         recv, send = ctx.Pipe(duplex=False)
-        args = (rank, world, spec.model_dump(mode="json"), str(out), resume, store.port, backend, os.getpid(), threads, send,
-                target)
+        args = (
+            rank,
+            world,
+            spec.model_dump(mode="json"),
+            str(out),
+            resume,
+            store.port,
+            backend,
+            os.getpid(),
+            threads,
+            send,
+            target,
+        )
         procs.append(ctx.Process(target=rank_main, args=args, name=f"torchdeck-rank{rank}"))
         pipes.append(recv)
         procs[-1].start()
@@ -192,8 +225,19 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="watch-rank0", daemon=True).start()
 
 
-def rank_main(rank: int, world: int, spec_data: dict, out: str, resume: bool, port: int, backend: str, parent: int,
-              threads: int, errors: Any, target: PeerTarget) -> None:
+def rank_main(
+    rank: int,
+    world: int,
+    spec_data: dict,
+    out: str,
+    resume: bool,
+    port: int,
+    backend: str,
+    parent: int,
+    threads: int,
+    errors: Any,
+    target: PeerTarget,
+) -> None:
     """A rank other than 0, in its own fresh process: join, run `target` (train its shards), leave. A collective
     that broke because a peer is gone is not this rank's error: rank 0 reports the run lost."""
     die_with_parent()
@@ -203,8 +247,9 @@ def rank_main(rank: int, world: int, spec_data: dict, out: str, resume: bool, po
     code = 0
     try:
         spec = RunSpec.model_validate(spec_data)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                              timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+        store = dist.TCPStore(
+            "127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S)
+        )
         device_type = "cuda" if backend == "nccl" else "cpu"
         ranks = join(rank, world, store, backend, rank_device(device_type, rank), COLLECTIVE_TIMEOUT_S, spec.compile)
         target(spec, Path(out), ranks, resume)

@@ -30,8 +30,10 @@ from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
 def resolve_device(spec: RunSpec) -> torch.device:
     cuda = torch.cuda.is_available()
     if spec.device == "cuda" and not cuda:
-        raise RuntimeError("device=cuda was asked but no CUDA device is visible here (check CUDA_VISIBLE_DEVICES, the driver, "
-                           "and that torch is a CUDA build); use device=auto or cpu")
+        raise RuntimeError(
+            "device=cuda was asked but no CUDA device is visible here (check CUDA_VISIBLE_DEVICES, the driver, "
+            "and that torch is a CUDA build); use device=auto or cpu"
+        )
     device = torch.device("cuda" if spec.device == "cuda" or (spec.device == "auto" and cuda) else "cpu")
     if device.type == "cpu" and spec.train.precision == "fp16":
         raise RuntimeError("train.precision=fp16 needs CUDA, and this run resolved to the CPU; use bf16 or fp32")
@@ -52,47 +54,88 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def build_trainer(spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device,
-                  ranks: Ranks = SOLO) -> Trainer:
+def build_trainer(
+    spec: RunSpec, out: Path, sink: Sink, control: Control, device: torch.device, ranks: Ranks = SOLO
+) -> Trainer:
     """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
     global batch (train.batch_size / world each) and the model wrapped in DDP."""
     data = load_data(spec.data, spec.seed)
     info = data.info
-    sink.event("lifecycle", "info", f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
-               f"{info.channels}×{info.image_size}×{info.image_size}", {"code": "data", **info.to_dict()})
+    sink.event(
+        "lifecycle",
+        "info",
+        f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
+        f"{info.channels}×{info.image_size}×{info.image_size}",
+        {"code": "data", **info.to_dict()},
+    )
     if info.skipped:
-        sink.event("data", "warning", f"{info.skipped} unreadable image(s) skipped", {"code": "skipped_images", "files": info.skipped_files})
+        sink.event(
+            "data",
+            "warning",
+            f"{info.skipped} unreadable image(s) skipped",
+            {"code": "skipped_images", "files": info.skipped_files},
+        )
     # The weights file is loaded here, where the task's class names are known (they decide whose head: head_plan).
-    model = build_model(spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels,
-                        info.image_size)
+    model = build_model(
+        spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels, info.image_size
+    )
     if spec.model.weights_file:
         model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
     model = model.to(device)
     report = getattr(model, "weights_report", None)
     if report:
         head = model.head_report or {}
-        sink.event("lifecycle", "warning" if any(report.values()) else "info",
-                   f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
-                   f"{len(report['shape_mismatch'])} shape-mismatched keys; head {head.get('head')}: {head.get('reason')}",
-                   {"code": "weights_file", **report, "head": head.get("head"), "head_reason": head.get("reason"),
-                    "head_keys_not_loaded": head.get("dropped", []), "weights_classes": head.get("file_classes", [])})
+        sink.event(
+            "lifecycle",
+            "warning" if any(report.values()) else "info",
+            f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
+            f"{len(report['shape_mismatch'])} shape-mismatched keys; head {head.get('head')}: {head.get('reason')}",
+            {
+                "code": "weights_file",
+                **report,
+                "head": head.get("head"),
+                "head_reason": head.get("reason"),
+                "head_keys_not_loaded": head.get("dropped", []),
+                "weights_classes": head.get("file_classes", []),
+            },
+        )
     apply_transfer(model, spec.model, 1)
     total, trainable = count_parameters(model)
-    sink.event("lifecycle", "info", f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
-               {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)})
+    sink.event(
+        "lifecycle",
+        "info",
+        f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
+        {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)},
+    )
     forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
     optimizer = build_optimizer(model, spec.optim, spec.model)
     w = ranks.world
     train_b = make_batches(data.train, spec.train.batch_size // w, True, device, spec.seed, spec.loader, ranks.rank, w)
-    val_b = make_batches(data.val, -(-max(spec.train.batch_size, 256) // w), False, device, spec.seed, spec.loader,
-                         ranks.rank, w)
+    val_b = make_batches(
+        data.val, -(-max(spec.train.batch_size, 256) // w), False, device, spec.seed, spec.loader, ranks.rank, w
+    )
     es = spec.train.early_stopping
-    schedule = Schedule(optimizer, spec.schedule, steps_per_epoch(len(train_b), spec.train), spec.train.epochs,
-                        es.resolved_mode)
-    return Trainer(spec=spec, model=model, forward=forward, optimizer=optimizer, schedule=schedule,
-                   amp=AmpStep(spec.train, device.type), data=data, train_batches=train_b, val_batches=val_b,
-                   device=device, sink=sink, control=control, diagnoser=Diagnoser(sink),
-                   early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled), out_dir=out, ranks=ranks)
+    schedule = Schedule(
+        optimizer, spec.schedule, steps_per_epoch(len(train_b), spec.train), spec.train.epochs, es.resolved_mode
+    )
+    return Trainer(
+        spec=spec,
+        model=model,
+        forward=forward,
+        optimizer=optimizer,
+        schedule=schedule,
+        amp=AmpStep(spec.train, device.type),
+        data=data,
+        train_batches=train_b,
+        val_batches=val_b,
+        device=device,
+        sink=sink,
+        control=control,
+        diagnoser=Diagnoser(sink),
+        early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled),
+        out_dir=out,
+        ranks=ranks,
+    )
 
 
 def resume_from(t: Trainer, path: Path, sink: Sink) -> int:
@@ -109,8 +152,12 @@ def resume_from(t: Trainer, path: Path, sink: Sink) -> int:
     t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
     t.ref_loss = ck["ref_loss"]
     set_rng_state(t.ranks.own_rng(ck))  # on several ranks, each its own streams
-    sink.event("lifecycle", "info", f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
-               {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]})
+    sink.event(
+        "lifecycle",
+        "info",
+        f"resumed from {path.name} after epoch {ck['epoch']} (step {ck['global_step']})",
+        {"code": "resumed", "epoch": ck["epoch"], "step": ck["global_step"]},
+    )
     return ck["epoch"] + 1
 
 

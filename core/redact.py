@@ -15,8 +15,11 @@ MASK = "***"
 _URL = re.compile(r"\b(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<rest>\S+)")
 _HOST = re.compile(r"[^/?#]*")  # what follows the user info, up to the path
 _TOKEN_SCHEMES = ("http://", "https://")  # https://<token>@host: a user name alone is a credential there
-_QUERY = re.compile(r"(?P<head>[?&](?:password|passwd|pwd|secret|token|access_key|secret_key|client_secret)=)"
-                    r"(?P<secret>[^&\s#]+)", re.IGNORECASE)
+_QUERY = re.compile(
+    r"(?P<head>[?&](?:password|passwd|pwd|secret|token|access_key|secret_key|client_secret)=)"
+    r"(?P<secret>[^&\s#]+)",
+    re.IGNORECASE,
+)
 
 
 def redact(text: object) -> str:
@@ -47,9 +50,9 @@ def _masked_url(m: re.Match[str]) -> str:
     if "/" in user:  # an '@' in the path, not user info
         return m[0]
     if colon:
-        return f"{scheme}{user}:{MASK}@{rest[at + 1:]}" if password else m[0]
+        return f"{scheme}{user}:{MASK}@{rest[at + 1 :]}" if password else m[0]
     if scheme.lower() in _TOKEN_SCHEMES and user:
-        return f"{scheme}{MASK}@{rest[at + 1:]}"
+        return f"{scheme}{MASK}@{rest[at + 1 :]}"
     return m[0]
 
 

@@ -8,15 +8,20 @@ from collections.abc import Sequence
 SCORE_KEYS = ("precision", "recall", "f1", "support")
 
 
-def class_scores(tp: Sequence[float], support: Sequence[float], predicted: Sequence[float],
-                 digits: int = 4) -> dict[str, list[float]]:
+def class_scores(
+    tp: Sequence[float], support: Sequence[float], predicted: Sequence[float], digits: int = 4
+) -> dict[str, list[float]]:
     """Per class: precision tp / predicted, recall tp / support, F1 their harmonic mean (0 where undefined)
     and the support (validation samples of the class)."""
     precision = [t / p if p else 0.0 for t, p in zip(tp, predicted, strict=True)]
     recall = [t / s if s else 0.0 for t, s in zip(tp, support, strict=True)]
     f1 = [2 * p * r / (p + r) if p + r else 0.0 for p, r in zip(precision, recall, strict=True)]
-    return {"precision": [round(v, digits) for v in precision], "recall": [round(v, digits) for v in recall],
-            "f1": [round(v, digits) for v in f1], "support": [int(s) for s in support]}
+    return {
+        "precision": [round(v, digits) for v in precision],
+        "recall": [round(v, digits) for v in recall],
+        "f1": [round(v, digits) for v in f1],
+        "support": [int(s) for s in support],
+    }
 
 
 def macro_f1(tp: Sequence[float], support: Sequence[float], predicted: Sequence[float]) -> float:

@@ -28,8 +28,14 @@ class Tally:
         self.win_loss, self.win_batches, self.win_samples, self.win_wait = torch.zeros((), device=device), 0, 0, 0.0
         self.start = self.win_start = time.perf_counter()
 
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, waited: float,
-            share: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        loss: torch.Tensor,
+        logits: torch.Tensor,
+        y: torch.Tensor,
+        waited: float,
+        share: torch.Tensor | None = None,
+    ) -> None:
         self.loss += loss.detach() * len(y)
         self.correct += (logits.detach().argmax(1) == y).sum()
         self.n += len(y)
@@ -46,8 +52,11 @@ class Tally:
         win_loss, samples = self.ranks.sum_(self.win_loss, self.win_samples)
         if self.ranks.world > 1:
             win_loss = win_loss / self.ranks.world
-        out = {TRAIN_LOSS: (win_loss / self.win_batches).item(), THROUGHPUT: samples / span,
-               DATA_WAIT: self.win_wait / span}
+        out = {
+            TRAIN_LOSS: (win_loss / self.win_batches).item(),
+            THROUGHPUT: samples / span,
+            DATA_WAIT: self.win_wait / span,
+        }
         self.win_loss.zero_()
         self.win_batches, self.win_samples, self.win_wait, self.win_start = 0, 0, 0.0, now
         return out
@@ -55,5 +64,8 @@ class Tally:
     def epoch(self) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         loss, correct, n = self.ranks.sum_(self.loss, self.correct, self.n)
-        return {TRAIN_EPOCH_LOSS: (loss / max(n, 1)).item(), TRAIN_ACC: correct.item() / max(n, 1),
-                DATA_WAIT_EPOCH: self.wait / elapsed}
+        return {
+            TRAIN_EPOCH_LOSS: (loss / max(n, 1)).item(),
+            TRAIN_ACC: correct.item() / max(n, 1),
+            DATA_WAIT_EPOCH: self.wait / elapsed,
+        }

@@ -28,27 +28,46 @@ from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
 from core.ranks import Launch, start_ranks
+
 # The setup steps live in core/recipe.py; worker/preflight.py, the benchmarks and tests still reach them here.
 from core.recipe import build_trainer, resolve_device, resume_from, seed_everything, train_peer
 
 
 def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
     shapes = check_shapes(t.model, t.data, t.device)
-    sink.event("preflight", "info", f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
-               {"code": "shape_check", **shapes}, step=0)
+    sink.event(
+        "preflight",
+        "info",
+        f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
+        {"code": "shape_check", **shapes},
+        step=0,
+    )
     grid = sample_grid(t.data, out / "samples.png")
     sink.artifact(SAMPLE_GRID, str(grid), {"labels": "class names under each image"})
     if t.spec.train.overfit_check:
         r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
         if r["passed"]:
-            sink.event("preflight", "info", f"overfit-one-batch passed: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}",
-                       {"code": "overfit_check", **r}, step=0)
+            sink.event(
+                "preflight",
+                "info",
+                f"overfit-one-batch passed: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}",
+                {"code": "overfit_check", **r},
+                step=0,
+            )
         else:
-            t.diagnoser.emit("overfit_check_failed", "warning", f"could not overfit one batch of {r['batch']} in {r['steps']} "
-                             f"steps: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}, batch accuracy {r['batch_acc']:.0%}", at_step=0, **r)
+            t.diagnoser.emit(
+                "overfit_check_failed",
+                "warning",
+                f"could not overfit one batch of {r['batch']} in {r['steps']} "
+                f"steps: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}, batch accuracy {r['batch_acc']:.0%}",
+                at_step=0,
+                **r,
+            )
 
 
-def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False) -> dict[str, Any]:
+def run_training(
+    spec: RunSpec, out_dir: str | Path, sink: Sink, control: Control | None = None, resume: bool = False
+) -> dict[str, Any]:
     """Train one run to its end. Never raises for a run that merely failed: the summary says why.
     With resources.gpus > 1 this process is rank 0 of the run's processes (core.ranks); a lost one
     raises core.distributed.RankLost instead of a summary (the run is resumed, not failed)."""
@@ -78,8 +97,13 @@ def run_training(spec: RunSpec, out_dir: str | Path, sink: Sink, control: Contro
         t and _diagnose_divergence(t, e)
     except torch.OutOfMemoryError as e:
         status, error = "failed", f"out of memory: {e}"
-        sink.event("diagnosis", "error", "CUDA out of memory", {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]},
-                   step=t and t.global_step)
+        sink.event(
+            "diagnosis",
+            "error",
+            "CUDA out of memory",
+            {"code": "out_of_memory", "advice": ADVICE["out_of_memory"]},
+            step=t and t.global_step,
+        )
     except Exception as e:  # noqa: BLE001 - the run ends as failed with the traceback recorded
         status, error = _failed(e, launch, sink, t)
     finally:
@@ -104,8 +128,13 @@ def _diagnose_divergence(t: Trainer, e: Diverged) -> None:
     if t.spec.train.detect_anomaly:
         data["first_bad_op"] = _find_nan_source(t)
     where = f"; first non-finite gradient in {data['first_bad_op']}" if data.get("first_bad_op") else ""
-    t.sink.event("diagnosis", "error", f"loss became {e.value} at step {e.step}{where}",
-                 {"code": "non_finite_loss", "advice": ADVICE["non_finite_loss"], **data}, step=e.step)
+    t.sink.event(
+        "diagnosis",
+        "error",
+        f"loss became {e.value} at step {e.step}{where}",
+        {"code": "non_finite_loss", "advice": ADVICE["non_finite_loss"], **data},
+        step=e.step,
+    )
 
 
 def _find_nan_source(t: Trainer) -> str | None:
@@ -127,13 +156,20 @@ def _find_nan_source(t: Trainer) -> str | None:
     return "forward pass (the weights are already non-finite)" if not torch.isfinite(loss) else None
 
 
-def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str, error: str | None, wall: float) -> dict[str, Any]:
+def _finish(
+    t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str, error: str | None, wall: float
+) -> dict[str, Any]:
     best = None
     if t is not None and t.early.best is not None:
         best = {"metric": spec.train.early_stopping.monitor, "value": t.early.best, "epoch": t.early.best_epoch}
     summary: dict[str, Any] = {
-        "status": status, "best": best, "epochs_run": t.epoch if t else 0, "wall_time_s": round(wall, 3),
-        "global_step": t.global_step if t else 0, "final": t.history[-1] if t and t.history else {}, "error": error,
+        "status": status,
+        "best": best,
+        "epochs_run": t.epoch if t else 0,
+        "wall_time_s": round(wall, 3),
+        "global_step": t.global_step if t else 0,
+        "final": t.history[-1] if t and t.history else {},
+        "error": error,
         "spec_hash": spec.spec_hash(),
     }
     if t is not None:
@@ -144,12 +180,24 @@ def _finish(t: Trainer | None, spec: RunSpec, out: Path, sink: Sink, status: str
                 sink.artifact(CHECKPOINT_KINDS[which], str(out / "checkpoints" / name), {"epoch": epochs[which]})
         if spec.export.formats and status in SUCCESS_STATUSES:
             epoch = _load_export_weights(t, spec, out)
-            summary["export"] = export_trained(t.model, t.data.info, t.data.val, spec, out / "export", sink,
-                                               step=t.global_step, weights={"checkpoint": spec.export.checkpoint,
-                                                                            "epoch": epoch})
+            summary["export"] = export_trained(
+                t.model,
+                t.data.info,
+                t.data.val,
+                spec,
+                out / "export",
+                sink,
+                step=t.global_step,
+                weights={"checkpoint": spec.export.checkpoint, "epoch": epoch},
+            )
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    sink.event("lifecycle", "error" if status in ("failed", "diverged") else "info", f"run {status}"
-               + (f": {error}" if error else ""), {"code": status, "summary": summary}, step=t and t.global_step)
+    sink.event(
+        "lifecycle",
+        "error" if status in ("failed", "diverged") else "info",
+        f"run {status}" + (f": {error}" if error else ""),
+        {"code": status, "summary": summary},
+        step=t and t.global_step,
+    )
     return summary
 
 
@@ -171,8 +219,16 @@ def validation_inputs(info: DataInfo, val, n: int, device: torch.device) -> torc
     return Preprocess(info, None, device)(x.to(device))
 
 
-def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: Sink, step: int | None = None,
-                   weights: dict[str, Any] | None = None) -> dict[str, Any]:
+def export_trained(
+    model,
+    info: DataInfo,
+    val,
+    spec: RunSpec,
+    out: Path,
+    sink: Sink,
+    step: int | None = None,
+    weights: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Export + verify (core.export), registering each produced file as an artifact. `step`: the training
     step the export belongs to (the end of the run), None for an export made later from a checkpoint;
     `weights`: which checkpoint and epoch the model holds (recorded in export.json)."""
@@ -181,26 +237,48 @@ def export_trained(model, info: DataInfo, val, spec: RunSpec, out: Path, sink: S
 
     model = model.to("cpu").eval()
     inputs = validation_inputs(info, val, spec.export.parity_samples, torch.device("cpu"))
-    meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size, "mean": info.mean,
-            "std": info.std, "spec_hash": spec.spec_hash(), "arch": spec.model.name, "versions": versions(),
-            "weights": weights or {}}
-    sink.event("lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"}, step=step)
-    report = export_model(model, inputs, out, list(spec.export.formats), meta, atol=spec.export.atol, opset=spec.export.opset)
+    meta = {
+        "class_names": info.class_names,
+        "channels": info.channels,
+        "image_size": info.image_size,
+        "mean": info.mean,
+        "std": info.std,
+        "spec_hash": spec.spec_hash(),
+        "arch": spec.model.name,
+        "versions": versions(),
+        "weights": weights or {},
+    }
+    sink.event(
+        "lifecycle", "info", f"exporting {', '.join(spec.export.formats)}", {"code": "export_started"}, step=step
+    )
+    report = export_model(
+        model, inputs, out, list(spec.export.formats), meta, atol=spec.export.atol, opset=spec.export.opset
+    )
     for fmt in spec.export.formats:
         r = report.get("formats", {}).get(fmt, {})
         if (out / EXPORT_FILES[fmt]).is_file():
             sink.artifact(fmt, str(out / EXPORT_FILES[fmt]), r)
         if not r.get("ok", False):
-            sink.event("export", "warning", f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}",
-                       {"code": "export_failed", "format": fmt}, step=step)
+            sink.event(
+                "export",
+                "warning",
+                f"{fmt} export failed or failed parity: {r.get('error', 'see export.json')}",
+                {"code": "export_failed", "format": fmt},
+                step=step,
+            )
     for name, kind in EXPORT_EXTRAS.items():
         if (out / name).is_file():
             sink.artifact(kind, str(out / name), {})
     return {fmt: bool(report.get("formats", {}).get(fmt, {}).get("ok")) for fmt in spec.export.formats}
 
 
-def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str] | None = None, sink: Sink | None = None,
-               out: str | Path | None = None) -> dict[str, Any]:
+def export_run(
+    run_dir: str | Path,
+    checkpoint: str = "best",
+    formats: list[str] | None = None,
+    sink: Sink | None = None,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
     """`torchdeck export RUN_DIR`: rebuild the model from a checkpoint and export it into `out` (default
     RUN_DIR/export; the dashboard's Export now gives each export a new folder)."""
     from core.events import MemorySink
@@ -214,8 +292,19 @@ def export_run(run_dir: str | Path, checkpoint: str = "best", formats: list[str]
     if formats is not None:
         spec = spec.model_copy(update={"export": spec.export.model_copy(update={"formats": formats})})
     data = load_data(spec.data, spec.seed)
-    model = build_model(spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
-                        data.info.num_classes, data.info.channels, data.info.image_size)
+    model = build_model(
+        spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
+        data.info.num_classes,
+        data.info.channels,
+        data.info.image_size,
+    )
     model.load_state_dict(ck["model"])
-    return export_trained(model, data.info, data.val, spec, Path(out) if out else run / "export", sink or MemorySink(),
-                          weights={"checkpoint": checkpoint, "epoch": int(ck["epoch"])})
+    return export_trained(
+        model,
+        data.info,
+        data.val,
+        spec,
+        Path(out) if out else run / "export",
+        sink or MemorySink(),
+        weights={"checkpoint": checkpoint, "epoch": int(ck["epoch"])},
+    )

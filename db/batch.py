@@ -30,9 +30,14 @@ class Columns:
     def select(self, keep: Sequence[bool]) -> Columns:
         """The points where `keep` is true."""
         values = list(compress(self.values, keep))
-        return Columns(self.key, list(compress(self.steps, keep)), values,
-                       list(compress(self.epochs, keep)), list(compress(self.walls, keep)),
-                       self.finite or all(map(isfinite, values)))
+        return Columns(
+            self.key,
+            list(compress(self.steps, keep)),
+            values,
+            list(compress(self.epochs, keep)),
+            list(compress(self.walls, keep)),
+            self.finite or all(map(isfinite, values)),
+        )
 
 
 @dataclass

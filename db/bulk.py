@@ -39,9 +39,7 @@ def _statements(dialect_name: str) -> tuple[Insert, Insert]:
     """The metric insert and the rollup upsert, in the dialect's ON CONFLICT syntax
     (the bulk statements keep their column list and conflict clause)."""
     insert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[dialect_name]
-    metric = insert(Metric.__table__).on_conflict_do_nothing(
-        index_elements=["run_id", "key", "step"]
-    )
+    metric = insert(Metric.__table__).on_conflict_do_nothing(index_elements=["run_id", "key", "step"])
     r = MetricRollup.__table__
     upsert = insert(r)
     new = upsert.excluded
@@ -64,11 +62,8 @@ def _statements(dialect_name: str) -> tuple[Insert, Insert]:
         **{c: pick(earlier, c) for c in ("first_step", "first_value")},
         **{c: pick(later, c) for c in ("last_step", "last_value")},
     }
-    upsert = upsert.on_conflict_do_update(
-        index_elements=["run_id", "level", "key", "bucket"], set_=merged
-    )
+    upsert = upsert.on_conflict_do_update(index_elements=["run_id", "level", "key", "bucket"], set_=merged)
     return metric, upsert
-
 
 
 def write_sqlite(conn: Connection, batch: Batch) -> None:
@@ -92,19 +87,41 @@ def write_sqlite(conn: Connection, batch: Batch) -> None:
             if not columns.finite:
                 finite = list(map(isfinite, columns.values))
                 odd = columns.select(list(map(not_, finite)))
-                flagged = list(zip(repeat(batch.run_id), repeat(columns.key), odd.steps, odd.epochs,
-                                   map(_stored, odd.values), repeat(True), odd.walls))
+                flagged = list(
+                    zip(
+                        repeat(batch.run_id),
+                        repeat(columns.key),
+                        odd.steps,
+                        odd.epochs,
+                        map(_stored, odd.values),
+                        repeat(True),
+                        odd.walls,
+                    )
+                )
                 columns = columns.select(finite)
             flat = list(chain.from_iterable(zip(columns.steps, columns.epochs, columns.values, columns.walls)))
-            _sqlite_bulk(cursor, metric_head, metric_conflict, "?, ?, column1, column2, column3, 0, column4",
-                         (batch.run_id, columns.key), flat, 4)
+            _sqlite_bulk(
+                cursor,
+                metric_head,
+                metric_conflict,
+                "?, ?, column1, column2, column3, 0, column4",
+                (batch.run_id, columns.key),
+                flat,
+                4,
+            )
             if flagged:
                 placeholders = ", ".join("?" * len(METRIC_COLUMNS))
                 cursor.executemany(f"{metric_head} VALUES ({placeholders}){metric_conflict}", flagged)
         width = len(ROW_COLUMNS) - 1
         select_list = "?, " + ", ".join(f"column{i}" for i in range(1, width + 1))
-        _sqlite_bulk(cursor, *_insert_parts(dialect, "metric_rollup"), select_list,
-                     (batch.run_id,), list(chain.from_iterable(batch.rollups)), width)
+        _sqlite_bulk(
+            cursor,
+            *_insert_parts(dialect, "metric_rollup"),
+            select_list,
+            (batch.run_id,),
+            list(chain.from_iterable(batch.rollups)),
+            width,
+        )
     finally:
         cursor.close()
 
@@ -115,8 +132,13 @@ def _stored(value: float) -> float | None:
 
 
 def _sqlite_bulk(
-    cursor: sqlite3.Cursor, head: str, conflict: str, select_list: str,
-    shared: tuple[Any, ...], flat: list[Any], width: int,
+    cursor: sqlite3.Cursor,
+    head: str,
+    conflict: str,
+    select_list: str,
+    shared: tuple[Any, ...],
+    flat: list[Any],
+    width: int,
 ) -> None:
     """Insert the rows laid end to end in `flat` (`width` values each), `shared` bound once per statement."""
     limit = cursor.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -181,7 +203,7 @@ def write_postgres(conn: Connection, batch: Batch) -> None:
     for table, arrays in (("metric", metric), ("metric_rollup", rollup)):
         sql = _pg_bulk_sql(conn.dialect, table)
         for start in range(0, len(arrays[0]), PG_ROWS):
-            params = {f"c{i}": pg_array(a[start:start + PG_ROWS]) for i, a in enumerate(arrays)}
+            params = {f"c{i}": pg_array(a[start : start + PG_ROWS]) for i, a in enumerate(arrays)}
             conn.exec_driver_sql(sql, {"run_id": batch.run_id, **params})
 
 

@@ -59,7 +59,7 @@ def normalize_url(url: str) -> str:
     """Send plain `postgresql://` (and Heroku-style `postgres://`) URLs to psycopg 3."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 

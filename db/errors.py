@@ -25,8 +25,7 @@ class RunStillActive(ValueError):
     """Deleting a run a worker is still writing to would make the worker fail."""
 
     def __init__(self, run_id: str, status: str) -> None:
-        super().__init__(f"run {run_id!r} is {status}: cancel it and wait until it stops, "
-                         "or delete with force=True")
+        super().__init__(f"run {run_id!r} is {status}: cancel it and wait until it stops, or delete with force=True")
         self.run_id = run_id
 
 
@@ -35,8 +34,10 @@ class QueueLimitReached(ValueError):
 
     def __init__(self, owner: str, queued: int, limit: int, adding: int = 1) -> None:
         more = f", and these {adding} would make {queued + adding}" if adding > 1 else ""
-        super().__init__(f"{owner} has {queued} queued runs; this dashboard allows {limit} per person "
-                         f"(TORCHDECK_MAX_QUEUED_PER_OWNER){more}: wait for some to start, or cancel some")
+        super().__init__(
+            f"{owner} has {queued} queued runs; this dashboard allows {limit} per person "
+            f"(TORCHDECK_MAX_QUEUED_PER_OWNER){more}: wait for some to start, or cancel some"
+        )
         self.owner, self.queued, self.limit, self.adding = owner, queued, limit, adding
 
 

@@ -147,8 +147,10 @@ def parse(text: str | None) -> tuple[Clause, ...]:
         if joiner.kind == "word" and joiner.text.lower() == "or":
             raise FilterError(f"'or' at position {joiner.at}: only 'and' joins conditions; run two filters instead")
         if not (joiner.kind == "word" and joiner.text.lower() == "and"):
-            raise FilterError(f"expected 'and' at position {joiner.at}, found {joiner.shown}: join conditions with "
-                              "'and', and quote a value that holds spaces")
+            raise FilterError(
+                f"expected 'and' at position {joiner.at}, found {joiner.shown}: join conditions with "
+                "'and', and quote a value that holds spaces"
+            )
         if i + 1 == len(tokens):
             raise FilterError(f"nothing after 'and' at position {joiner.at}: add a condition or remove it")
         i += 1
@@ -183,13 +185,22 @@ def _subject(tokens: list[_Token], i: int, end: int) -> tuple[tuple[str, str, st
     word = first.text
     if i + 1 < len(tokens) and tokens[i + 1].text == "(" and tokens[i + 1].kind == "paren":
         if word.lower() not in AGGREGATES:
-            raise FilterError(f"unknown function {word!r} at position {first.at}; use one of "
-                              f"{', '.join(f'{a}(...)' for a in AGGREGATES)}")
+            raise FilterError(
+                f"unknown function {word!r} at position {first.at}; use one of "
+                f"{', '.join(f'{a}(...)' for a in AGGREGATES)}"
+            )
         inner = tokens[i + 2] if i + 2 < len(tokens) else None
         close = tokens[i + 3] if i + 3 < len(tokens) else None
-        if inner is None or inner.kind not in ("word", "quoted") or close is None or close.kind != "paren" or close.text != ")":
-            raise FilterError(f"{word}( at position {first.at} needs a metric key and a closing ')', "
-                              f"as in {word.lower()}(val/acc)")
+        if (
+            inner is None
+            or inner.kind not in ("word", "quoted")
+            or close is None
+            or close.kind != "paren"
+            or close.text != ")"
+        ):
+            raise FilterError(
+                f"{word}( at position {first.at} needs a metric key and a closing ')', as in {word.lower()}(val/acc)"
+            )
         return ("metric", inner.text, word.lower(), first.at), i + 4
     return (_kind_of(word, first.at), word, "last", first.at), i + 1
 
@@ -204,11 +215,18 @@ def _kind_of(word: str, at: int) -> str:
         return "metric"
     if "." in word:
         section = word.split(".")[0]
-        known = [p for p in spec_fields() if p.startswith(f"{section}.")] if section in _sections() else list(spec_fields())
-        hint = _close(word, known) or (f"; {section} has {', '.join(known[:8])}…" if section in _sections() else
-                                       f"; spec sections: {', '.join(sorted(_sections()))}")
-        raise FilterError(f"unknown spec field {word!r} at position {at}{hint} (a metric key with a dot is "
-                          f"written in quotes: \"{word}\" > 0.5)")
+        known = (
+            [p for p in spec_fields() if p.startswith(f"{section}.")] if section in _sections() else list(spec_fields())
+        )
+        hint = _close(word, known) or (
+            f"; {section} has {', '.join(known[:8])}…"
+            if section in _sections()
+            else f"; spec sections: {', '.join(sorted(_sections()))}"
+        )
+        raise FilterError(
+            f"unknown spec field {word!r} at position {at}{hint} (a metric key with a dot is "
+            f'written in quotes: "{word}" > 0.5)'
+        )
     return "metric"
 
 
@@ -226,8 +244,9 @@ def _typed(subject: tuple[str, str, str, int], op: str, value: _Token) -> Clause
         number = _number(value.text)
         if number is None:
             hint = _close(name, [*FIELDS, *spec_fields()]) if "/" not in name else ""
-            raise FilterError(f"{name!r} is a metric and is compared with a number, not {value.shown} "
-                              f"(position {value.at}){hint}")
+            raise FilterError(
+                f"{name!r} is a metric and is compared with a number, not {value.shown} (position {value.at}){hint}"
+            )
         return Clause("metric", name, op, number, aggregate)
     if kind != "spec" or spec_fields()[name][0] != "number":
         if op not in EQUALITY:
@@ -253,14 +272,14 @@ def _spec_value(name: str, value: _Token) -> float | bool | str:
     if holds == "list":
         raise FilterError(f"{name} holds a list: it cannot be compared with one value")
     if choices and value.text not in choices:
-        raise FilterError(f"{name} is one of {', '.join(map(str, choices))}: {value.shown} at position "
-                          f"{value.at} is not")
+        raise FilterError(
+            f"{name} is one of {', '.join(map(str, choices))}: {value.shown} at position {value.at} is not"
+        )
     return value.text
 
 
 # --- SQL -------------------------------------------------------------------------------------------------
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq,
-        "!=": operator.ne}
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
 
 def _compare(column: Any, op: str, value: Any) -> Any:
@@ -271,8 +290,12 @@ def _where(clause: Clause) -> Any:
     if clause.kind == "metric":
         whole = MetricRollup
         column = getattr(whole, AGGREGATES[clause.aggregate])
-        return exists().where(whole.run_id == Run.id, whole.level == WHOLE_SERIES_LEVEL, whole.key == clause.name,
-                              _compare(column, clause.op, clause.value))
+        return exists().where(
+            whole.run_id == Run.id,
+            whole.level == WHOLE_SERIES_LEVEL,
+            whole.key == clause.name,
+            _compare(column, clause.op, clause.value),
+        )
     if clause.kind == "spec":
         path = Run.spec[tuple(clause.name.split("."))]
         if isinstance(clause.value, bool):

@@ -53,9 +53,11 @@ def unfollow(engine: Engine, owner: str, run_id: str) -> bool:
 
 def followed(engine: Engine, owner: str) -> list[FollowedRun]:
     """The runs `owner` follows, oldest follow first, with each run's status, name and end (one query)."""
-    query = (select(Run.id, Run.status, Run.name, Run.finished_at)
-             .join(Follow, Follow.run_id == Run.id)
-             .where(Follow.owner == owner)
-             .order_by(Follow.created_at, Follow.run_id))
+    query = (
+        select(Run.id, Run.status, Run.name, Run.finished_at)
+        .join(Follow, Follow.run_id == Run.id)
+        .where(Follow.owner == owner)
+        .order_by(Follow.created_at, Follow.run_id)
+    )
     with connection_scope(engine) as conn:
         return [FollowedRun(*row) for row in conn.execute(query)]

@@ -108,29 +108,34 @@ def conditions(
         conditions.append(Run.parent_id == parent_id)
     if text is not None and text.strip():
         needle = text.strip()
-        conditions.append(or_(
-            Run.name.icontains(needle, autoescape=True),
-            Run.id.startswith(needle.lower(), autoescape=True),
-            Run.notes.icontains(needle, autoescape=True),
-            exists().where(RunTag.run_id == Run.id, RunTag.tag.icontains(needle, autoescape=True)),
-        ))
+        conditions.append(
+            or_(
+                Run.name.icontains(needle, autoescape=True),
+                Run.id.startswith(needle.lower(), autoescape=True),
+                Run.notes.icontains(needle, autoescape=True),
+                exists().where(RunTag.run_id == Run.id, RunTag.tag.icontains(needle, autoescape=True)),
+            )
+        )
     return conditions
 
 
 def _ordered(query: Any, sort: str, descending: bool) -> Any:
     if sort.startswith(METRIC_SORT_PREFIX):
-        key = sort[len(METRIC_SORT_PREFIX):]
+        key = sort[len(METRIC_SORT_PREFIX) :]
         whole = aliased(MetricRollup)
-        query = query.outerjoin(whole, and_(
-            whole.run_id == Run.id, whole.level == WHOLE_SERIES_LEVEL, whole.key == key,
-        ))
+        query = query.outerjoin(
+            whole,
+            and_(
+                whole.run_id == Run.id,
+                whole.level == WHOLE_SERIES_LEVEL,
+                whole.key == key,
+            ),
+        )
         column: Any = whole.last_value
     elif sort in SORT_COLUMNS:
         column = SORT_COLUMNS[sort]
     else:
-        raise ValueError(
-            f"cannot sort by {sort!r}; use one of {', '.join(SORT_COLUMNS)} or 'metric:<key>'"
-        )
+        raise ValueError(f"cannot sort by {sort!r}; use one of {', '.join(SORT_COLUMNS)} or 'metric:<key>'")
     ordering = column.desc() if descending else column.asc()
     if sort in NULLABLE_SORTS or sort.startswith(METRIC_SORT_PREFIX):
         # Same order on both backends: SQLite and Postgres disagree on where NULLs go.

@@ -95,9 +95,7 @@ def _check_key(key: object) -> None:
     if not isinstance(key, str) or not key:
         raise ValueError(f"metric key {key!r}: must be a non-empty string")
     if len(key) > KEY_LEN:
-        raise ValueError(
-            f"metric key {key[:40]!r}... is {len(key)} characters long; the limit is {KEY_LEN}"
-        )
+        raise ValueError(f"metric key {key[:40]!r}... is {len(key)} characters long; the limit is {KEY_LEN}")
 
 
 def _columns(key: str, points: list[MetricPoint], wall_time: float) -> Columns:
@@ -194,9 +192,9 @@ def _stored_steps(conn: Connection, run_id: str, series: dict[str, list[int]]) -
     t = Metric.__table__
     for key, (first, last) in ranges.items():
         steps = series[key]  # sorted
-        candidates = steps[bisect_left(steps, first):bisect_right(steps, last)]
+        candidates = steps[bisect_left(steps, first) : bisect_right(steps, last)]
         for start in range(0, len(candidates), IN_CHUNK):
-            chunk = candidates[start:start + IN_CHUNK]
+            chunk = candidates[start : start + IN_CHUNK]
             query = select(t.c.step).where(t.c.run_id == run_id, t.c.key == key, t.c.step.in_(chunk))
             found.setdefault(key, set()).update(conn.execute(query).scalars())
     return found
@@ -207,7 +205,7 @@ def _stored_ranges(conn: Connection, run_id: str, keys: Sequence[str]) -> dict[s
     ranges: dict[str, tuple[int, int]] = {}
     for start in range(0, len(keys), IN_CHUNK):
         query = select(r.c.key, r.c.first_step, r.c.last_step).where(
-            r.c.run_id == run_id, r.c.level == WHOLE_SERIES_LEVEL, r.c.key.in_(keys[start:start + IN_CHUNK])
+            r.c.run_id == run_id, r.c.level == WHOLE_SERIES_LEVEL, r.c.key.in_(keys[start : start + IN_CHUNK])
         )
         ranges.update((key, (first, last)) for key, first, last in conn.execute(query))
     return ranges
@@ -225,7 +223,8 @@ def metric_keys(engine: Engine, run_id: str) -> list[str]:
 
 # Built once: a live view runs it several times a second (building it each time cost more than running it).
 _COUNTS = select(MetricRollup.key, MetricRollup.count).where(
-    MetricRollup.run_id == bindparam("run_id"), MetricRollup.level == WHOLE_SERIES_LEVEL)
+    MetricRollup.run_id == bindparam("run_id"), MetricRollup.level == WHOLE_SERIES_LEVEL
+)
 
 
 def series_counts(engine: Engine, run_id: str) -> dict[str, int]:
@@ -241,16 +240,24 @@ def summaries(
     """Per run, per key: the whole-series summary. One query per 900 runs, not one per run."""
     r = MetricRollup.__table__
     out: dict[str, dict[str, MetricSummary]] = {run_id: {} for run_id in run_ids}
-    columns = (r.c.run_id, r.c.key, r.c.count, r.c.nonfinite, r.c.last_step, r.c.last_value,
-               r.c.min_value, r.c.min_step, r.c.max_value, r.c.max_step)  # MetricSummary's order
+    columns = (
+        r.c.run_id,
+        r.c.key,
+        r.c.count,
+        r.c.nonfinite,
+        r.c.last_step,
+        r.c.last_value,
+        r.c.min_value,
+        r.c.min_step,
+        r.c.max_value,
+        r.c.max_step,
+    )  # MetricSummary's order
     for start in range(0, len(run_ids), IN_CHUNK):
         query = select(*columns).where(
-            r.c.run_id.in_(run_ids[start:start + IN_CHUNK]), r.c.level == WHOLE_SERIES_LEVEL
+            r.c.run_id.in_(run_ids[start : start + IN_CHUNK]), r.c.level == WHOLE_SERIES_LEVEL
         )
         if keys is not None:
             query = query.where(r.c.key.in_(keys))
         for run_id, key, count, nonfinite, last_step, last_value, *extremes in conn.execute(query):
-            out[run_id][key] = MetricSummary(
-                key, count, nonfinite, last_step, stored_float(last_value), *extremes
-            )
+            out[run_id][key] = MetricSummary(key, count, nonfinite, last_step, stored_float(last_value), *extremes)
     return out

@@ -8,7 +8,7 @@ stored as such on both backends and flagged the same way.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -65,14 +65,14 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: pass an aware (UTC) datetime")
         # SQLite stores the text without an offset, so everything must be in UTC.
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 def _in(values: tuple[str, ...]) -> str:
@@ -109,9 +109,7 @@ class Run(Base):
     progress: Mapped[float | None] = mapped_column(Double)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    parent_id: Mapped[str | None] = mapped_column(
-        String(ID_LEN), ForeignKey("run.id", ondelete="SET NULL"), index=True
-    )
+    parent_id: Mapped[str | None] = mapped_column(String(ID_LEN), ForeignKey("run.id", ondelete="SET NULL"), index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # Why the run's stored record may be incomplete (e.g. metrics not stored before a checkpoint); NULL when whole.
     degraded: Mapped[str | None] = mapped_column(Text)
@@ -180,9 +178,7 @@ class RunTag(Base):
 
     __tablename__ = "run_tag"
 
-    run_id: Mapped[str] = mapped_column(
-        String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), primary_key=True
-    )
+    run_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     tag: Mapped[str] = mapped_column(String(TAG_LEN), primary_key=True, index=True)
 
 
@@ -249,9 +245,7 @@ class Event(Base):
     )
 
     # BIGINT on Postgres; SQLite only auto-increments a column declared INTEGER.
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"))
     time: Mapped[datetime] = mapped_column(UTCDateTime)
     kind: Mapped[str] = mapped_column(String(32))
@@ -266,9 +260,7 @@ class Artifact(Base):
     __tablename__ = "artifact"
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)  # opaque, never a path
-    run_id: Mapped[str] = mapped_column(
-        String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), index=True
-    )
+    run_id: Mapped[str] = mapped_column(String(ID_LEN), ForeignKey("run.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(32))
     uri: Mapped[str] = mapped_column(Text)
     size: Mapped[int | None] = mapped_column(BigInteger)

@@ -24,8 +24,9 @@ def check_queued(session: Session, owner: str, limit: int, adding: int = 1) -> N
 
 
 def _queued(session_or_conn: Session | Connection, owner: str) -> int:
-    return session_or_conn.execute(select(func.count()).select_from(Run).where(
-        Run.owner == owner, Run.status == "queued")).scalar_one()
+    return session_or_conn.execute(
+        select(func.count()).select_from(Run).where(Run.owner == owner, Run.status == "queued")
+    ).scalar_one()
 
 
 def queued_count(engine: Engine, owner: str) -> int:

@@ -47,11 +47,18 @@ def append_events(engine: Engine, run_id: str, events: Iterable[EventInput], *, 
         problem = event_problem(event)
         if problem:
             raise ValueError(problem)
-        rows.append({
-            "run_id": run_id, "time": event.time or now, "kind": event.kind, "level": event.level,
-            "code": event.code, "message": redact(event.message),
-            "data": redact_data(json_safe(event.data)) if event.data is not None else None, "key": event.key,
-        })
+        rows.append(
+            {
+                "run_id": run_id,
+                "time": event.time or now,
+                "kind": event.kind,
+                "level": event.level,
+                "code": event.code,
+                "message": redact(event.message),
+                "data": redact_data(json_safe(event.data)) if event.data is not None else None,
+                "key": event.key,
+            }
+        )
     with connection_scope(engine, write=True) as conn:
         lock_run_for_append(conn, run_id, worker_id)
         if not rows:
@@ -65,7 +72,7 @@ def append_events(engine: Engine, run_id: str, events: Iterable[EventInput], *, 
         # Keys already stored are left out here (portable); ON CONFLICT covers a key repeated in the batch.
         wanted, known = [r["key"] for r in keyed], set()
         for start in range(0, len(wanted), IN_CHUNK):
-            query = select(Event.key).where(Event.run_id == run_id, Event.key.in_(wanted[start:start + IN_CHUNK]))
+            query = select(Event.key).where(Event.run_id == run_id, Event.key.in_(wanted[start : start + IN_CHUNK]))
             known.update(conn.execute(query).scalars())
         fresh = list({r["key"]: r for r in reversed(keyed) if r["key"] not in known}.values())[::-1]
         if fresh:
@@ -99,10 +106,19 @@ def list_events(
         if session.get(Run, run_id) is None:
             raise RunNotFound(run_id)
         found = session.execute(query.order_by(Event.id).limit(limit)).scalars()
-        return [EventRecord(
-            id=e.id, run_id=e.run_id, time=e.time, kind=e.kind, level=e.level, code=e.code,
-            message=e.message, data=e.data,
-        ) for e in found]
+        return [
+            EventRecord(
+                id=e.id,
+                run_id=e.run_id,
+                time=e.time,
+                kind=e.kind,
+                level=e.level,
+                code=e.code,
+                message=e.message,
+                data=e.data,
+            )
+            for e in found
+        ]
 
 
 def add_artifact(
@@ -124,8 +140,14 @@ def add_artifact(
         raise ValueError(f"sha256 must be 64 hex characters, got {sha256!r}")
     # Random, so that an artifact URL reveals nothing and cannot be guessed.
     artifact = Artifact(
-        id=secrets.token_hex(16), run_id=run_id, kind=kind, uri=uri, size=size,
-        sha256=sha256, meta=json_safe(meta or {}), created_at=utcnow(),
+        id=secrets.token_hex(16),
+        run_id=run_id,
+        kind=kind,
+        uri=uri,
+        size=size,
+        sha256=sha256,
+        meta=json_safe(meta or {}),
+        created_at=utcnow(),
     )
     with session_scope(engine) as session:
         if session.get(Run, run_id) is None:
@@ -160,8 +182,14 @@ def list_artifacts(engine: Engine, run_id: str, kind: str | None = None) -> list
 
 def _artifact(a: Artifact) -> ArtifactRecord:
     return ArtifactRecord(
-        id=a.id, run_id=a.run_id, kind=a.kind, uri=a.uri, size=a.size, sha256=a.sha256,
-        meta=a.meta or {}, created_at=a.created_at,
+        id=a.id,
+        run_id=a.run_id,
+        kind=a.kind,
+        uri=a.uri,
+        size=a.size,
+        sha256=a.sha256,
+        meta=a.meta or {},
+        created_at=a.created_at,
     )
 
 
@@ -206,8 +234,13 @@ def remove_worker(engine: Engine, worker_id: str) -> bool:
 
 def _worker(w: Worker) -> WorkerRecord:
     return WorkerRecord(
-        id=w.id, hostname=w.hostname, queues=tuple(w.queues), devices=tuple(w.devices),
-        started_at=w.started_at, heartbeat_at=w.heartbeat_at, current_run_id=w.current_run_id,
+        id=w.id,
+        hostname=w.hostname,
+        queues=tuple(w.queues),
+        devices=tuple(w.devices),
+        started_at=w.started_at,
+        heartbeat_at=w.heartbeat_at,
+        current_run_id=w.current_run_id,
     )
 
 
@@ -229,8 +262,15 @@ def create_dataset(
         if session.execute(select(Dataset.id).where(Dataset.name == name)).first() is not None:
             raise ValueError(f"a dataset named {name!r} already exists")
         dataset = Dataset(
-            id=secrets.token_hex(6), name=name, uri=uri, classes=list(classes),
-            counts=dict(counts or {}), status=status, error=None, created_at=utcnow(), owner=owner,
+            id=secrets.token_hex(6),
+            name=name,
+            uri=uri,
+            classes=list(classes),
+            counts=dict(counts or {}),
+            status=status,
+            error=None,
+            created_at=utcnow(),
+            owner=owner,
         )
         session.add(dataset)
         session.flush()
@@ -294,8 +334,15 @@ def _check_dataset(name: str, status: str) -> None:
 
 def _dataset(d: Dataset) -> DatasetRecord:
     return DatasetRecord(
-        id=d.id, name=d.name, uri=d.uri, classes=tuple(d.classes), counts=dict(d.counts),
-        status=d.status, error=d.error, created_at=d.created_at, owner=d.owner,
+        id=d.id,
+        name=d.name,
+        uri=d.uri,
+        classes=tuple(d.classes),
+        counts=dict(d.counts),
+        status=d.status,
+        error=d.error,
+        created_at=d.created_at,
+        owner=d.owner,
     )
 
 
@@ -322,6 +369,6 @@ def accounts(engine: Engine, keys: Iterable[str]) -> dict[str, AccountRecord]:
     found: dict[str, AccountRecord] = {}
     with session_scope(engine, write=False) as session:
         for i in range(0, len(wanted), IN_CHUNK):
-            for a in session.execute(select(Account).where(Account.key.in_(wanted[i:i + IN_CHUNK]))).scalars():
+            for a in session.execute(select(Account).where(Account.key.in_(wanted[i : i + IN_CHUNK]))).scalars():
                 found[a.key] = AccountRecord(key=a.key, name=a.name, email=a.email, seen_at=a.seen_at)
     return found

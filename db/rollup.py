@@ -36,9 +36,20 @@ MAX_STEP = 2**63 - 1
 # An aggregate is a list, mutated in place while merging (cheaper than objects):
 B, COUNT, NONFINITE, MIN_S, MIN_V, MAX_S, MAX_V, FIRST_S, FIRST_V, LAST_S, LAST_V = range(11)
 ROW_COLUMNS = (
-    "run_id", "level", "key", "bucket", "count", "nonfinite",
-    "min_step", "min_value", "max_step", "max_value",
-    "first_step", "first_value", "last_step", "last_value",
+    "run_id",
+    "level",
+    "key",
+    "bucket",
+    "count",
+    "nonfinite",
+    "min_step",
+    "min_value",
+    "max_step",
+    "max_value",
+    "first_step",
+    "first_value",
+    "last_step",
+    "last_value",
 )
 
 
@@ -64,11 +75,24 @@ def bucket_points(steps: list[int], values: list[float], level: int) -> list[lis
     at = steps.__getitem__  # steps stay Python ints: they may not fit numpy's int64 arithmetic
     first_steps = list(map(at, starts.tolist()))
     last_steps = list(map(at, lasts.tolist()))
-    return list(map(list, zip(
-        map(rshift, first_steps, repeat(level)), counts.tolist(), repeat(0),
-        map(at, low_at.tolist()), lows.tolist(), map(at, high_at.tolist()), highs.tolist(),
-        first_steps, v[starts].tolist(), last_steps, v[lasts].tolist(),
-    )))
+    return list(
+        map(
+            list,
+            zip(
+                map(rshift, first_steps, repeat(level)),
+                counts.tolist(),
+                repeat(0),
+                map(at, low_at.tolist()),
+                lows.tolist(),
+                map(at, high_at.tolist()),
+                highs.tolist(),
+                first_steps,
+                v[starts].tolist(),
+                last_steps,
+                v[lasts].tolist(),
+            ),
+        )
+    )
 
 
 def _bucket_starts(steps: list[int], level: int) -> np.ndarray:
@@ -95,8 +119,7 @@ def _bucket_points_with_nonfinite(steps: list[int], values: list[float], level: 
         bucket = steps[i] >> level
         j = bisect_left(steps, (bucket + 1) << level, i)
         chunk = values[i:j]
-        agg = [bucket, j - i, 0, None, None, None, None,
-               steps[i], _stored(chunk[0]), steps[j - 1], _stored(chunk[-1])]
+        agg = [bucket, j - i, 0, None, None, None, None, steps[i], _stored(chunk[0]), steps[j - 1], _stored(chunk[-1])]
         finite = [v for v in chunk if isfinite(v)]
         agg[NONFINITE] = len(chunk) - len(finite)
         if finite:

@@ -21,15 +21,15 @@ from core.redact import redact
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, RunStillActive
 from db.metrics import IN_CHUNK, lock_run_for_append, summaries
-from db.quota import check_queued
 from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
+from db.quota import check_queued
 from db.types import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
     NAME_LEN,
     NOTES_LEN,
-    RUN_STATUSES,
     OWNER_LEN,
+    RUN_STATUSES,
     TAG_LEN,
     WORKER_ID_LEN,
     HeartbeatReply,
@@ -69,8 +69,9 @@ def create_run(
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
-    return create_runs(engine, [(spec, name)], owner=owner, tags=tags, parent_id=parent_id,
-                       max_queued=max_queued, group_id=group_id)[0]
+    return create_runs(
+        engine, [(spec, name)], owner=owner, tags=tags, parent_id=parent_id, max_queued=max_queued, group_id=group_id
+    )[0]
 
 
 def create_runs(
@@ -93,9 +94,22 @@ def create_runs(
         run_id = new_id()
         name = readable_name(spec, run_id) if name is None else name.strip()
         _check_text("name", name, NAME_LEN)
-        rows.append(Run(id=run_id, name=name, owner=owner, status="queued", spec=stored_spec, spec_hash=digest,
-                        created_at=utcnow(), attempt=0, summary={}, parent_id=parent_id, cancel_requested=False,
-                        group_id=group_id))
+        rows.append(
+            Run(
+                id=run_id,
+                name=name,
+                owner=owner,
+                status="queued",
+                spec=stored_spec,
+                spec_hash=digest,
+                created_at=utcnow(),
+                attempt=0,
+                summary={},
+                parent_id=parent_id,
+                cancel_requested=False,
+                group_id=group_id,
+            )
+        )
     _check_text("owner", owner, OWNER_LEN)
     with session_scope(engine) as session:
         if parent_id is not None and session.get(Run, parent_id) is None:
@@ -113,8 +127,11 @@ def create_runs(
 def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
     """The name of a run launched without one: its dataset, its model and the start of its id
     (`digits-simple_cnn-3fa2c1`); `run-3fa2c1` for a spec that names neither."""
-    named = [s["name"].strip() for s in (spec.get("data"), spec.get("model"))
-             if isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"].strip()]
+    named = [
+        s["name"].strip()
+        for s in (spec.get("data"), spec.get("model"))
+        if isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"].strip()
+    ]
     return "-".join([*(named or ["run"]), run_id[:6]])[-NAME_LEN:]
 
 
@@ -194,7 +211,7 @@ def load_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, RunRecord]:
     """Runs by id with tags and summaries: three queries however many runs."""
     rows: list[Any] = []
     for start in range(0, len(run_ids), IN_CHUNK):
-        chunk = list(run_ids[start:start + IN_CHUNK])
+        chunk = list(run_ids[start : start + IN_CHUNK])
         rows += conn.execute(select(Run.__table__).where(Run.id.in_(chunk))).all()
     return records(conn, rows)
 
@@ -204,7 +221,7 @@ def records(conn: Connection, rows: Sequence[Any]) -> dict[str, RunRecord]:
     ids = [row.id for row in rows]
     tags: dict[str, list[str]] = {run_id: [] for run_id in ids}
     for start in range(0, len(ids), IN_CHUNK):
-        query = select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(ids[start:start + IN_CHUNK]))
+        query = select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(ids[start : start + IN_CHUNK]))
         for run_id, tag in conn.execute(query.order_by(RunTag.tag)):
             tags[run_id].append(tag)
     metrics = summaries(conn, ids)
@@ -213,13 +230,31 @@ def records(conn: Connection, rows: Sequence[Any]) -> dict[str, RunRecord]:
 
 def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunRecord:
     return RunRecord(
-        id=row.id, name=row.name, owner=row.owner, status=row.status, spec=row.spec,
-        spec_hash=row.spec_hash, created_at=row.created_at, started_at=row.started_at,
-        finished_at=row.finished_at, heartbeat_at=row.heartbeat_at, worker_id=row.worker_id,
-        device=row.device, attempt=row.attempt, progress=row.progress,
-        summary=row.summary or {}, error=row.error, tags=tuple(tags),
-        parent_id=row.parent_id, cancel_requested=bool(row.cancel_requested), degraded=row.degraded,
-        sweep_id=row.sweep_id, trial=row.trial, group_id=row.group_id, metrics=metrics, notes=row.notes or "",
+        id=row.id,
+        name=row.name,
+        owner=row.owner,
+        status=row.status,
+        spec=row.spec,
+        spec_hash=row.spec_hash,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        heartbeat_at=row.heartbeat_at,
+        worker_id=row.worker_id,
+        device=row.device,
+        attempt=row.attempt,
+        progress=row.progress,
+        summary=row.summary or {},
+        error=row.error,
+        tags=tuple(tags),
+        parent_id=row.parent_id,
+        cancel_requested=bool(row.cancel_requested),
+        degraded=row.degraded,
+        sweep_id=row.sweep_id,
+        trial=row.trial,
+        group_id=row.group_id,
+        metrics=metrics,
+        notes=row.notes or "",
     )
 
 
@@ -251,12 +286,18 @@ def claim_run(engine: Engine, run_id: str, worker_id: str, device: str | None = 
     now = utcnow()
     with session_scope(engine) as session:
         claimed = _update(
-            session, run_id, CLAIMABLE_STATUSES,
-            status="running", attempt=Run.attempt + 1, worker_id=worker_id, device=device,
+            session,
+            run_id,
+            CLAIMABLE_STATUSES,
+            status="running",
+            attempt=Run.attempt + 1,
+            worker_id=worker_id,
+            device=device,
             # A resumed run keeps the time it first started.
             started_at=func.coalesce(Run.started_at, literal(now, Run.started_at.type)),
             heartbeat_at=now,
-            finished_at=None, error=None,
+            finished_at=None,
+            error=None,
         )
         if not claimed:
             _require(session, run_id)
@@ -298,8 +339,12 @@ def request_cancel(engine: Engine, run_id: str) -> RunRecord:
     are left as they are."""
     with session_scope(engine) as session:
         done = _update(
-            session, run_id, CLAIMABLE_STATUSES,
-            status="cancelled", cancel_requested=True, finished_at=utcnow(),
+            session,
+            run_id,
+            CLAIMABLE_STATUSES,
+            status="cancelled",
+            cancel_requested=True,
+            finished_at=utcnow(),
         )
         if not done:
             _update(session, run_id, ("running",), cancel_requested=True)
@@ -328,7 +373,11 @@ def finish_run(
         raise ValueError(f"only_from {tuple(only_from)}: a run is finished from {_FINISHABLE} only")
     if status not in FINISHED_STATUSES:
         raise ValueError(f"status {status!r} does not finish a run; use one of {FINISHED_STATUSES}")
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": None if error is None else redact(error)}
+    values: dict[str, Any] = {
+        "status": status,
+        "finished_at": utcnow(),
+        "error": None if error is None else redact(error),
+    }
     if summary is not None:
         values["summary"] = json_safe(summary)
     if status == "completed":
@@ -377,9 +426,15 @@ def unclaimed_runs(engine: Engine, older_than_s: float, limit: int = 10_000) -> 
     ones by their last heartbeat. The reaper checks that each still has a message in the broker (a
     Redis restarted without persistence, or a reaper that died before sending, leaves none)."""
     cutoff = utcnow() - timedelta(seconds=older_than_s)
-    query = select(Run.id).where(
-        ((Run.status == "queued") & (Run.created_at < cutoff)) | ((Run.status == "lost") & (Run.heartbeat_at < cutoff))
-    ).order_by(Run.created_at).limit(limit)
+    query = (
+        select(Run.id)
+        .where(
+            ((Run.status == "queued") & (Run.created_at < cutoff))
+            | ((Run.status == "lost") & (Run.heartbeat_at < cutoff))
+        )
+        .order_by(Run.created_at)
+        .limit(limit)
+    )
     with connection_scope(engine) as conn:
         ids = list(conn.execute(query).scalars())
         found = load_runs(conn, ids)
@@ -390,7 +445,9 @@ def mark_degraded(engine: Engine, run_id: str, reason: str) -> bool:
     """Record why a run's stored record may be incomplete (the first reason is kept); True if newly marked."""
     with session_scope(engine) as session:
         stmt = (
-            update(Run).where(Run.id == run_id, Run.degraded.is_(None)).values(degraded=reason[:2000])
+            update(Run)
+            .where(Run.id == run_id, Run.degraded.is_(None))
+            .values(degraded=reason[:2000])
             .execution_options(synchronize_session=False)
         )
         changed = session.execute(stmt).rowcount == 1

@@ -71,16 +71,19 @@ def series_many(
 # The two reads of a live chart's refresh, built once (a live page runs them for every series that grew,
 # several times a second: building the statement each time cost more than running it).
 _WHOLE = select(MetricRollup.__table__).where(
-    MetricRollup.run_id == bindparam("run_id"), MetricRollup.level == WHOLE_SERIES_LEVEL,
-    MetricRollup.key == bindparam("key"))
-_AFTER = (select(Metric.step, Metric.value)
-          .where(Metric.run_id == bindparam("run_id"), Metric.key == bindparam("key"), Metric.step > bindparam("since"))
-          .order_by(Metric.step).limit(bindparam("limit")))
+    MetricRollup.run_id == bindparam("run_id"),
+    MetricRollup.level == WHOLE_SERIES_LEVEL,
+    MetricRollup.key == bindparam("key"),
+)
+_AFTER = (
+    select(Metric.step, Metric.value)
+    .where(Metric.run_id == bindparam("run_id"), Metric.key == bindparam("key"), Metric.step > bindparam("since"))
+    .order_by(Metric.step)
+    .limit(bindparam("limit"))
+)
 
 
-def read_series(
-    conn: Connection, run_id: str, key: str, since_step: int | None, max_points: int
-) -> Series:
+def read_series(conn: Connection, run_id: str, key: str, since_step: int | None, max_points: int) -> Series:
     whole = conn.execute(_WHOLE, {"run_id": run_id, "key": key}).first()
     if whole is None:
         if conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
@@ -136,14 +139,11 @@ def _downsample_raw(
     width = -(-(hi - lo + 1) // budget)  # ceil: at most `budget` buckets
     # Integers we computed, inlined: Postgres must see the same expression in
     # the select list and in GROUP BY / DISTINCT ON (bound, they would differ).
-    bucket = (t.c.step - literal_column(str(int(lo)), BigInteger)) // literal_column(
-        str(int(width)), BigInteger
-    )
+    bucket = (t.c.step - literal_column(str(int(lo)), BigInteger)) // literal_column(str(int(width)), BigInteger)
     where = (t.c.run_id == run_id, t.c.key == key, t.c.step.between(lo, hi), ~t.c.nonfinite)
     if conn.dialect.name == "sqlite":
         parts = [
-            select(t.c.step, extreme(t.c.value)).where(*where).group_by(bucket)
-            for extreme in (func.min, func.max)
+            select(t.c.step, extreme(t.c.value)).where(*where).group_by(bucket) for extreme in (func.min, func.max)
         ]
     else:
         parts = [
@@ -227,10 +227,7 @@ def compare(
         missing = [run_id for run_id in run_ids if run_id not in runs]
         if missing:
             raise RunNotFound(missing[0])
-        charts = {
-            run_id: {key: read_series(conn, run_id, key, None, max_points) for key in keys}
-            for run_id in run_ids
-        }
+        charts = {run_id: {key: read_series(conn, run_id, key, None, max_points) for key in keys} for run_id in run_ids}
     return Comparison(runs=tuple(runs[run_id] for run_id in run_ids), series=charts)
 
 
@@ -251,8 +248,11 @@ def epoch_anchors(engine: Engine, run_id: str) -> list[tuple[int, int, float]]:
 def iter_points(engine: Engine, run_id: str) -> Iterator[tuple[str, int, int | None, float, float]]:
     """Every stored point of a run, by key then step: (key, step, epoch, value (NaN for NaN), wall_time)."""
     m = Metric.__table__
-    query = (select(m.c.key, m.c.step, m.c.epoch, m.c.value, m.c.wall_time)
-             .where(m.c.run_id == run_id).order_by(m.c.key, m.c.step))
+    query = (
+        select(m.c.key, m.c.step, m.c.epoch, m.c.value, m.c.wall_time)
+        .where(m.c.run_id == run_id)
+        .order_by(m.c.key, m.c.step)
+    )
     with connection_scope(engine) as conn:
         for key, step, epoch, value, wall in conn.execute(query):
             yield key, step, epoch, stored_float(value), wall

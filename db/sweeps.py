@@ -34,8 +34,9 @@ from db.types import (
 RunToCreate = tuple[Mapping[str, Any], str]  # (validated run spec as JSON data, name)
 
 
-def create_sweep(engine: Engine, spec: Mapping[str, Any], *, name: str, owner: str,
-                 max_queued: int | None = None) -> SweepRecord:
+def create_sweep(
+    engine: Engine, spec: Mapping[str, Any], *, name: str, owner: str, max_queued: int | None = None
+) -> SweepRecord:
     """Store a new `running` sweep (its trials are created as it advances, each while its owner's queued runs
     stay within `max_queued`)."""
     name = name.strip()
@@ -43,8 +44,17 @@ def create_sweep(engine: Engine, spec: Mapping[str, Any], *, name: str, owner: s
     _check_text("owner", owner, OWNER_LEN)
     sweep_id = new_id()
     with session_scope(engine) as session:
-        session.add(Sweep(id=sweep_id, name=name, owner=owner, status="running", spec=json_safe(dict(spec)),
-                          created_at=utcnow(), max_queued=max_queued))
+        session.add(
+            Sweep(
+                id=sweep_id,
+                name=name,
+                owner=owner,
+                status="running",
+                spec=json_safe(dict(spec)),
+                created_at=utcnow(),
+                max_queued=max_queued,
+            )
+        )
     return get_sweep(engine, sweep_id)
 
 
@@ -66,9 +76,17 @@ def list_sweeps(engine: Engine, *, status: Sequence[str] = (), limit: int = 500)
 
 
 def _sweep(row: Any) -> SweepRecord:
-    return SweepRecord(id=row.id, name=row.name, owner=row.owner, status=row.status, spec=row.spec,
-                       created_at=row.created_at, finished_at=row.finished_at, error=row.error,
-                       max_queued=row.max_queued)
+    return SweepRecord(
+        id=row.id,
+        name=row.name,
+        owner=row.owner,
+        status=row.status,
+        spec=row.spec,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        error=row.error,
+        max_queued=row.max_queued,
+    )
 
 
 def finish_sweep(engine: Engine, sweep_id: str, status: str, error: str | None = None) -> bool:
@@ -76,8 +94,12 @@ def finish_sweep(engine: Engine, sweep_id: str, status: str, error: str | None =
     if status not in SWEEP_FINISHED:
         raise ValueError(f"status {status!r} does not end a sweep; use one of {SWEEP_FINISHED}")
     with session_scope(engine) as session:
-        stmt = (update(Sweep).where(Sweep.id == sweep_id, Sweep.status == "running")
-                .values(status=status, finished_at=utcnow(), error=error).execution_options(synchronize_session=False))
+        stmt = (
+            update(Sweep)
+            .where(Sweep.id == sweep_id, Sweep.status == "running")
+            .values(status=status, finished_at=utcnow(), error=error)
+            .execution_options(synchronize_session=False)
+        )
         changed = session.execute(stmt).rowcount == 1
     if not changed:
         get_sweep(engine, sweep_id)  # SweepNotFound for an unknown one
@@ -85,8 +107,14 @@ def finish_sweep(engine: Engine, sweep_id: str, status: str, error: str | None =
 
 
 def add_trial(
-    engine: Engine, sweep: SweepRecord, number: int, params: Mapping[str, Any], attrs: Mapping[str, Any],
-    runs: Sequence[RunToCreate], *, tags: Sequence[str] = (),
+    engine: Engine,
+    sweep: SweepRecord,
+    number: int,
+    params: Mapping[str, Any],
+    attrs: Mapping[str, Any],
+    runs: Sequence[RunToCreate],
+    *,
+    tags: Sequence[str] = (),
 ) -> list[RunRecord] | None:
     """Trial `number` of a running sweep with its runs (one per seed, one group), all `queued`, in one
     transaction. None when that number is taken (another process advanced the sweep) or the sweep has ended;
@@ -97,22 +125,44 @@ def add_trial(
     ids = []
     try:
         with session_scope(engine) as session:
-            alive, limit = session.execute(select(Sweep.status, Sweep.max_queued).where(Sweep.id == sweep.id)
-                                           .with_for_update()).one()
+            alive, limit = session.execute(
+                select(Sweep.status, Sweep.max_queued).where(Sweep.id == sweep.id).with_for_update()
+            ).one()
             if alive != "running":
                 return None
             if limit is not None:  # the stored limit, whatever record the caller holds
                 check_queued(session, sweep.owner, limit, adding=len(runs))
-            session.add(SweepTrial(sweep_id=sweep.id, number=number, params=json_safe(dict(params)),
-                                   attrs=json_safe(dict(attrs)), created_at=utcnow()))
+            session.add(
+                SweepTrial(
+                    sweep_id=sweep.id,
+                    number=number,
+                    params=json_safe(dict(params)),
+                    attrs=json_safe(dict(attrs)),
+                    created_at=utcnow(),
+                )
+            )
             session.flush()  # the primary key decides here who has this number
             for spec, name in runs:
                 stored, digest = spec_json(spec)
                 run_id = new_id()
                 _check_text("name", name, NAME_LEN)
-                session.add(Run(id=run_id, name=name, owner=sweep.owner, status="queued", spec=stored,
-                                spec_hash=digest, created_at=utcnow(), attempt=0, summary={}, cancel_requested=False,
-                                sweep_id=sweep.id, trial=number, group_id=group_id if len(runs) > 1 else None))
+                session.add(
+                    Run(
+                        id=run_id,
+                        name=name,
+                        owner=sweep.owner,
+                        status="queued",
+                        spec=stored,
+                        spec_hash=digest,
+                        created_at=utcnow(),
+                        attempt=0,
+                        summary={},
+                        cancel_requested=False,
+                        sweep_id=sweep.id,
+                        trial=number,
+                        group_id=group_id if len(runs) > 1 else None,
+                    )
+                )
                 ids.append(run_id)
             session.flush()
             session.add_all(RunTag(run_id=i, tag=t) for i in ids for t in tag_list)
@@ -125,24 +175,32 @@ def add_trial(
 
 def trials(engine: Engine, sweep_id: str) -> list[TrialRecord]:
     with connection_scope(engine) as conn:
-        rows = conn.execute(select(SweepTrial.__table__).where(SweepTrial.sweep_id == sweep_id)
-                            .order_by(SweepTrial.number)).all()
-    return [TrialRecord(sweep_id=r.sweep_id, number=r.number, params=r.params, attrs=r.attrs, created_at=r.created_at)
-            for r in rows]
+        rows = conn.execute(
+            select(SweepTrial.__table__).where(SweepTrial.sweep_id == sweep_id).order_by(SweepTrial.number)
+        ).all()
+    return [
+        TrialRecord(sweep_id=r.sweep_id, number=r.number, params=r.params, attrs=r.attrs, created_at=r.created_at)
+        for r in rows
+    ]
 
 
 def sweep_runs(engine: Engine, sweep_id: str) -> list[RunRecord]:
     """The sweep's runs with tags and summaries, by trial then creation."""
     with connection_scope(engine) as conn:
-        ids = list(conn.execute(select(Run.id).where(Run.sweep_id == sweep_id)
-                                .order_by(Run.trial, Run.created_at, Run.id)).scalars())
+        ids = list(
+            conn.execute(
+                select(Run.id).where(Run.sweep_id == sweep_id).order_by(Run.trial, Run.created_at, Run.id)
+            ).scalars()
+        )
         found = load_runs(conn, ids)
     return [found[i] for i in ids if i in found]
 
 
 def group_runs(engine: Engine, group_id: str) -> list[RunRecord]:
     with connection_scope(engine) as conn:
-        ids = list(conn.execute(select(Run.id).where(Run.group_id == group_id).order_by(Run.created_at, Run.id)).scalars())
+        ids = list(
+            conn.execute(select(Run.id).where(Run.group_id == group_id).order_by(Run.created_at, Run.id)).scalars()
+        )
         found = load_runs(conn, ids)
     return [found[i] for i in ids if i in found]
 
@@ -150,8 +208,9 @@ def group_runs(engine: Engine, group_id: str) -> list[RunRecord]:
 def set_group(engine: Engine, run_id: str, group_id: str) -> RunRecord:
     """Put a run in a seed group (a run repeated with k seeds joins the group of its repeats)."""
     with session_scope(engine) as session:
-        changed = session.execute(update(Run).where(Run.id == run_id).values(group_id=group_id)
-                                  .execution_options(synchronize_session=False)).rowcount
+        changed = session.execute(
+            update(Run).where(Run.id == run_id).values(group_id=group_id).execution_options(synchronize_session=False)
+        ).rowcount
     if changed != 1:
         raise RunNotFound(run_id)
     return get_run(engine, run_id)
@@ -164,22 +223,41 @@ def epoch_values(engine: Engine, run_ids: Sequence[str], key: str) -> dict[str, 
     with connection_scope(engine) as conn:
         for start in range(0, len(ids), IN_CHUNK):
             query = select(Metric.run_id, Metric.epoch, Metric.value).where(
-                Metric.run_id.in_(ids[start:start + IN_CHUNK]), Metric.key == key, Metric.epoch.is_not(None))
+                Metric.run_id.in_(ids[start : start + IN_CHUNK]), Metric.key == key, Metric.epoch.is_not(None)
+            )
             for run_id, epoch, value in conn.execute(query):
                 out[run_id][int(epoch)] = float("nan") if value is None else float(value)
     return out
 
 
 def record_decision(
-    engine: Engine, sweep_id: str, number: int, epoch: int, *, pruned: bool, value: float | None,
-    reason: str | None, attrs: Mapping[str, Any], run_id: str | None,
+    engine: Engine,
+    sweep_id: str,
+    number: int,
+    epoch: int,
+    *,
+    pruned: bool,
+    value: float | None,
+    reason: str | None,
+    attrs: Mapping[str, Any],
+    run_id: str | None,
 ) -> DecisionRecord:
     """Store the verdict on trial `number` at `epoch` unless one is stored already; the stored one is returned."""
     try:
         with session_scope(engine) as session:
-            session.add(SweepDecision(sweep_id=sweep_id, number=number, epoch=epoch, pruned=pruned,
-                                      value=value if value is None or value == value else None, reason=reason,
-                                      attrs=json_safe(dict(attrs)), run_id=run_id, created_at=utcnow()))
+            session.add(
+                SweepDecision(
+                    sweep_id=sweep_id,
+                    number=number,
+                    epoch=epoch,
+                    pruned=pruned,
+                    value=value if value is None or value == value else None,
+                    reason=reason,
+                    attrs=json_safe(dict(attrs)),
+                    run_id=run_id,
+                    created_at=utcnow(),
+                )
+            )
     except IntegrityError:
         pass
     return next(d for d in decisions(engine, sweep_id, number) if d.epoch == epoch)
@@ -191,5 +269,16 @@ def decisions(engine: Engine, sweep_id: str, number: int | None = None) -> list[
         query = query.where(SweepDecision.number == number)
     with connection_scope(engine) as conn:
         rows = conn.execute(query.order_by(SweepDecision.number, SweepDecision.epoch)).all()
-    return [DecisionRecord(sweep_id=r.sweep_id, number=r.number, epoch=r.epoch, pruned=bool(r.pruned), value=r.value,
-                           reason=r.reason, attrs=r.attrs or {}, run_id=r.run_id) for r in rows]
+    return [
+        DecisionRecord(
+            sweep_id=r.sweep_id,
+            number=r.number,
+            epoch=r.epoch,
+            pruned=bool(r.pruned),
+            value=r.value,
+            reason=r.reason,
+            attrs=r.attrs or {},
+            run_id=r.run_id,
+        )
+        for r in rows
+    ]

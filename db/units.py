@@ -12,7 +12,8 @@ from sqlalchemy import Engine, and_, case, distinct, func, literal, or_, select
 from sqlalchemy.orm import aliased
 
 from db.engine import connection_scope
-from db.listing import MAX_PAGE, METRIC_SORT_PREFIX, SORT_COLUMNS, conditions as run_conditions
+from db.listing import MAX_PAGE, METRIC_SORT_PREFIX, SORT_COLUMNS
+from db.listing import conditions as run_conditions
 from db.models import MetricRollup, Run, Sweep
 from db.rollup import WHOLE_SERIES_LEVEL
 from db.runs import load_runs
@@ -51,17 +52,31 @@ def _sort_source(sort: str) -> tuple[Any, Any]:
     """The column a row is sorted by (its runs' largest or smallest value) and the table to select it from."""
     if sort.startswith(METRIC_SORT_PREFIX):
         whole = aliased(MetricRollup)
-        joined = Run.__table__.outerjoin(whole, and_(whole.run_id == Run.id, whole.level == WHOLE_SERIES_LEVEL,
-                                                     whole.key == sort[len(METRIC_SORT_PREFIX):]))
+        joined = Run.__table__.outerjoin(
+            whole,
+            and_(
+                whole.run_id == Run.id, whole.level == WHOLE_SERIES_LEVEL, whole.key == sort[len(METRIC_SORT_PREFIX) :]
+            ),
+        )
         return whole.last_value, joined
     if sort not in SORT_COLUMNS:
         raise ValueError(f"cannot sort by {sort!r}; use one of {', '.join(SORT_COLUMNS)} or 'metric:<key>'")
     return SORT_COLUMNS[sort], Run.__table__
 
 
-def list_units(engine: Engine, *, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
-               text: str | None = None, sweep_id: str | None = None, sort: str = "created_at",
-               descending: bool = True, limit: int = 50, offset: int = 0) -> UnitPage:
+def list_units(
+    engine: Engine,
+    *,
+    status: Sequence[str] = (),
+    tag: Sequence[str] = (),
+    owner: str | None = None,
+    text: str | None = None,
+    sweep_id: str | None = None,
+    sort: str = "created_at",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> UnitPage:
     """One page of rows over the runs matching the filters (those of db.listing.list_runs), sorted by their
     runs' largest value of `sort` (smallest when ascending), ties by key so that pages never overlap."""
     if not 1 <= limit <= MAX_PAGE:
@@ -70,16 +85,25 @@ def list_units(engine: Engine, *, status: Sequence[str] = (), tag: Sequence[str]
     if sweep_id is not None:
         conditions.append(Run.sweep_id == sweep_id)
     column, source = _sort_source(sort)
-    matching = (select(_unit_key(sweep_id is None).label("unit"), column.label("k"))
-                .select_from(source).where(*conditions).subquery())
+    matching = (
+        select(_unit_key(sweep_id is None).label("unit"), column.label("k"))
+        .select_from(source)
+        .where(*conditions)
+        .subquery()
+    )
     agg = func.max(matching.c.k) if descending else func.min(matching.c.k)
     order = (agg.desc() if descending else agg.asc()).nulls_last()
-    page = (select(matching.c.unit, func.count().label("n")).group_by(matching.c.unit)
-            .order_by(order, matching.c.unit.desc() if descending else matching.c.unit.asc())
-            .limit(limit).offset(offset))
+    page = (
+        select(matching.c.unit, func.count().label("n"))
+        .group_by(matching.c.unit)
+        .order_by(order, matching.c.unit.desc() if descending else matching.c.unit.asc())
+        .limit(limit)
+        .offset(offset)
+    )
     with connection_scope(engine) as conn:
-        total, runs = conn.execute(select(func.count(distinct(matching.c.unit)), func.count())
-                                   .select_from(matching)).one()
+        total, runs = conn.execute(
+            select(func.count(distinct(matching.c.unit)), func.count()).select_from(matching)
+        ).one()
         rows = conn.execute(page).all()
     units = tuple(Unit(_PREFIX[row.unit[0]], row.unit[2:], int(row.n)) for row in rows)
     return UnitPage(units=units, total=int(total), runs=int(runs), limit=limit, offset=offset)
@@ -102,8 +126,11 @@ def members(engine: Engine, units: Sequence[Unit]) -> Members:
     with connection_scope(engine) as conn:
         rows = conn.execute(select(Run.id, Run.sweep_id, Run.group_id, Run.trial, Run.created_at).where(whose)).all()
         found = load_runs(conn, [row.id for row in rows])
-        sweeps = {row.id: sweep_record(row) for row in
-                  conn.execute(select(Sweep.__table__).where(Sweep.id.in_(ids[SWEEP])))} if ids[SWEEP] else {}
+        sweeps = (
+            {row.id: sweep_record(row) for row in conn.execute(select(Sweep.__table__).where(Sweep.id.in_(ids[SWEEP])))}
+            if ids[SWEEP]
+            else {}
+        )
     by_unit: dict[tuple[str, str], list] = {}
     for row in sorted(rows, key=lambda row: (row.trial is not None, row.trial or 0, row.created_at, row.id)):
         for kind, key in ((SWEEP, row.sweep_id), (GROUP, row.group_id), (RUN, row.id)):

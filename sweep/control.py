@@ -43,12 +43,25 @@ def load_state(engine: Engine, sweep: SweepRecord, runs: list[RunRecord] | None 
     spec = spec_of(sweep)
     runs = repo.sweep_runs(engine, sweep.id) if runs is None else runs
     values = repo.epoch_values(engine, [r.id for r in runs], spec.stored_metric)
-    return study.SweepState(spec=spec, trials=repo.trials(engine, sweep.id), runs=runs,
-                            decisions=repo.decisions(engine, sweep.id), values=values)
+    return study.SweepState(
+        spec=spec,
+        trials=repo.trials(engine, sweep.id),
+        runs=runs,
+        decisions=repo.decisions(engine, sweep.id),
+        values=values,
+    )
 
 
-def create(engine: Engine, spec: SweepSpec, *, owner: str, send: Send, name: str | None = None,
-           tags: Sequence[str] = (), max_queued: int | None = None) -> SweepRecord:
+def create(
+    engine: Engine,
+    spec: SweepSpec,
+    *,
+    owner: str,
+    send: Send,
+    name: str | None = None,
+    tags: Sequence[str] = (),
+    max_queued: int | None = None,
+) -> SweepRecord:
     """Store the sweep and queue its first trials (up to `parallel`, while the owner's queued runs stay within
     `max_queued`, stored with the sweep for every later advance). Its base must have passed the dashboard's
     gate (app.services.admission): each trial is checked against it (core.admission.check_trial)."""
@@ -112,9 +125,15 @@ def _next_trial(engine: Engine, sweep: SweepRecord, spec: SweepSpec, runs: list[
         repo.finish_sweep(engine, sweep.id, "failed", error=f"trial {number} refused: {e}")
         return None
     try:
-        created = repo.add_trial(engine, sweep, number, params, attrs,
-                                 [(s.model_dump(mode="json"), n) for s, n in zip(specs, names, strict=True)],
-                                 tags=spec.tags)
+        created = repo.add_trial(
+            engine,
+            sweep,
+            number,
+            params,
+            attrs,
+            [(s.model_dump(mode="json"), n) for s, n in zip(specs, names, strict=True)],
+            tags=spec.tags,
+        )
     except QueueLimitReached:
         return None  # a run of the owner's was queued since has_room: this trial waits for a later advance
     return created or []
@@ -149,13 +168,28 @@ def judge_run(engine: Engine, run: RunRecord, epoch: int) -> str | None:
     verdict = study.judge(load_state(engine, sweep), run.trial, epoch)
     if verdict is None:
         return None
-    stored = repo.record_decision(engine, sweep.id, run.trial, epoch, pruned=verdict.pruned, value=verdict.value,
-                                  reason=verdict.reason, attrs=verdict.attrs, run_id=run.id)
+    stored = repo.record_decision(
+        engine,
+        sweep.id,
+        run.trial,
+        epoch,
+        pruned=verdict.pruned,
+        value=verdict.value,
+        reason=verdict.reason,
+        attrs=verdict.attrs,
+        run_id=run.id,
+    )
     if stored.pruned:
         for other in repo.sweep_runs(engine, sweep.id):  # the trial's seeds still waiting never start
             if other.trial == run.trial and other.id != run.id and other.status in ("queued", "lost"):
-                repo.finish_run(engine, other.id, "pruned", only_from=("queued", "lost"),
-                                summary={"pruned": stored.reason}, error=None)
+                repo.finish_run(
+                    engine,
+                    other.id,
+                    "pruned",
+                    only_from=("queued", "lost"),
+                    summary={"pruned": stored.reason},
+                    error=None,
+                )
     return stored.reason if stored.pruned else None
 
 
@@ -189,8 +223,14 @@ def best(state: study.SweepState) -> Best | None:
         return None
     top = (max if state.spec.mode == "max" else min)(done, key=lambda o: o.value)
     trial = next(t for t in state.trials if t.number == top.number)
-    return Best(top.number, top.value, top.std, top.n, dict(trial.params),  # type: ignore[arg-type]
-                [r.id for r in state.runs_of(top.number)])
+    return Best(
+        top.number,
+        top.value,
+        top.std,
+        top.n,
+        dict(trial.params),  # type: ignore[arg-type]
+        [r.id for r in state.runs_of(top.number)],
+    )
 
 
 def best_specs(engine: Engine, sweep: SweepRecord, seeds: int = 1) -> tuple[list[RunSpec], str]:
@@ -200,8 +240,10 @@ def best_specs(engine: Engine, sweep: SweepRecord, seeds: int = 1) -> tuple[list
     top = best(state)
     if top is None:
         raise ValueError(f"sweep {sweep.id} has no completed trial yet")
-    specs = [state.spec.run_spec(top.params, i, f"{sweep.name} best" + (f" seed {i + 1}/{seeds}" if seeds > 1 else ""))
-             for i in range(seeds)]
+    specs = [
+        state.spec.run_spec(top.params, i, f"{sweep.name} best" + (f" seed {i + 1}/{seeds}" if seeds > 1 else ""))
+        for i in range(seeds)
+    ]
     return specs, top.run_ids[0]
 
 
@@ -214,5 +256,5 @@ def repeat_specs(engine: Engine, run: RunRecord, k: int) -> tuple[list[RunSpec],
     base = RunSpec.model_validate(run.spec)
     group_id = run.group_id or repo.new_group_id()
     taken = {int(r.spec.get("seed", 0)) for r in repo.group_runs(engine, group_id)} | {base.seed}
-    seeds = [s for s in range(base.seed + 1, base.seed + 1 + len(taken) + k) if s not in taken][:k - 1]
+    seeds = [s for s in range(base.seed + 1, base.seed + 1 + len(taken) + k) if s not in taken][: k - 1]
     return [base.model_copy(update={"seed": s, "name": f"{run.name} seed {s}"}) for s in seeds], group_id

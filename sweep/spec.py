@@ -55,20 +55,30 @@ Scalar = bool | int | float | str | None
 class ParamSpec(_Section):
     """One dimension of the space: exactly one of choice, uniform, loguniform or int."""
 
-    choice: list[Scalar] | None = Field(None, min_length=1, max_length=MAX_CHOICES, description="Values to choose from.")
+    choice: list[Scalar] | None = Field(
+        None, min_length=1, max_length=MAX_CHOICES, description="Values to choose from."
+    )
     uniform: tuple[float, float] | None = Field(None, description="A range [low, high], sampled evenly.")
-    loguniform: tuple[float, float] | None = Field(None, description="A range [low, high] > 0, sampled evenly in log space.")
+    loguniform: tuple[float, float] | None = Field(
+        None, description="A range [low, high] > 0, sampled evenly in log space."
+    )
     int_: tuple[int, int] | None = Field(None, alias="int", description="Integers in [low, high].")
     step: float | None = Field(None, gt=0, description="Spacing of a uniform or int range's values.")
-    num: int | None = Field(None, ge=2, le=MAX_CHOICES, description="Points of a range in a grid (evenly spaced, "
-                            "geometrically for loguniform).")
+    num: int | None = Field(
+        None,
+        ge=2,
+        le=MAX_CHOICES,
+        description="Points of a range in a grid (evenly spaced, geometrically for loguniform).",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> ParamSpec:
         given = [k for k in ("choice", "uniform", "loguniform", "int_") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of choice, uniform, loguniform, int"
-                             + (f" (got {', '.join(k.rstrip('_') for k in given)})" if given else ""))
+            raise ValueError(
+                "give exactly one of choice, uniform, loguniform, int"
+                + (f" (got {', '.join(k.rstrip('_') for k in given)})" if given else "")
+            )
         if self.choice is not None:
             if len({repr(v) for v in self.choice}) != len(self.choice):
                 raise ValueError("choice lists a value twice")
@@ -132,8 +142,10 @@ class ParamSpec(_Section):
         if self.step is not None:
             return [round(low + i * self.step, 12) for i in range(n)]
         if self.loguniform is not None:
-            return [float(f"{math.exp(math.log(low) + (math.log(high) - math.log(low)) * i / (self.num - 1)):.6g}")
-                    for i in range(self.num)]
+            return [
+                float(f"{math.exp(math.log(low) + (math.log(high) - math.log(low)) * i / (self.num - 1)):.6g}")
+                for i in range(self.num)
+            ]
         return [float(f"{low + (high - low) * i / (self.num - 1):.6g}") for i in range(self.num)]
 
     def bounds(self) -> list[Scalar]:
@@ -152,13 +164,16 @@ def _check_float_range(low: float, high: float, step: float | None) -> None:
         return
     count = (high - low) / step
     if not math.isfinite(count) or count > MAX_STEPS:
-        raise ValueError(f"step {step:g} cuts [{low:g}, {high:g}] into {count:.3g} points, more than floats tell "
-                         f"apart ({MAX_STEPS:.3g}): raise the step")
+        raise ValueError(
+            f"step {step:g} cuts [{low:g}, {high:g}] into {count:.3g} points, more than floats tell "
+            f"apart ({MAX_STEPS:.3g}): raise the step"
+        )
 
 
 class ObjectiveSpec(_Section):
-    metric: Literal[OBJECTIVES] | None = Field(None, description="Per-epoch metric the sweep optimises "
-                                               "(default: the base spec's early-stopping monitor).")
+    metric: Literal[OBJECTIVES] | None = Field(
+        None, description="Per-epoch metric the sweep optimises (default: the base spec's early-stopping monitor)."
+    )
     mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies and F1.")
 
 
@@ -181,7 +196,9 @@ class SweepSpec(_Section):
     name: str | None = Field(None, max_length=200, description="A name for the sweep (its runs are named after it).")
     base: RunSpec = Field(default_factory=RunSpec, description="The run every trial starts from.")
     space: dict[str, ParamSpec] = Field(..., min_length=1, max_length=MAX_PARAMS, description="Dotted field -> values.")
-    method: Literal[SWEEP_METHODS] = Field("tpe", description="grid: every combination; random; tpe: Bayesian (Optuna).")
+    method: Literal[SWEEP_METHODS] = Field(
+        "tpe", description="grid: every combination; random; tpe: Bayesian (Optuna)."
+    )
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="What the sweep optimises.")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="How many trials, how many at once.")
     pruner: PrunerSpec = Field(default_factory=PrunerSpec, description="Stop trailing trials early.")
@@ -195,18 +212,25 @@ class SweepSpec(_Section):
         for path, param in self.space.items():
             check_path(path, param, self.base, stored=stored)
         if self.base.seed + self.seeds - 1 > MAX_SEED:
-            raise ValueError(f"seeds: the base seed {self.base.seed} + {self.seeds - 1} is above {MAX_SEED}: "
-                             "lower base.seed")
+            raise ValueError(
+                f"seeds: the base seed {self.base.seed} + {self.seeds - 1} is above {MAX_SEED}: lower base.seed"
+            )
         if self.method == "grid":
             size = self.grid_size()
             if self.budget.trials is not None and self.budget.trials < size:
-                raise ValueError(f"budget.trials: the grid has {size} configurations, more than budget.trials={self.budget.trials}: "
-                                 "raise the budget or shrink the space")
+                raise ValueError(
+                    f"budget.trials: the grid has {size} configurations, more than budget.trials={self.budget.trials}: "
+                    "raise the budget or shrink the space"
+                )
         if self.trials * self.seeds > MAX_RUNS:
-            raise ValueError(f"budget.trials: {self.trials} trials × {self.seeds} seeds = {self.trials * self.seeds} runs; "
-                             f"at most {MAX_RUNS} per sweep")
+            raise ValueError(
+                f"budget.trials: {self.trials} trials × {self.seeds} seeds = {self.trials * self.seeds} runs; "
+                f"at most {MAX_RUNS} per sweep"
+            )
         if self.pruner.kind != "none" and self.base.train.epochs < 2:
-            raise ValueError("pruner.kind: a pruner needs base.train.epochs ≥ 2 (a trial is judged at the end of each epoch but the last)")
+            raise ValueError(
+                "pruner.kind: a pruner needs base.train.epochs ≥ 2 (a trial is judged at the end of each epoch but the last)"
+            )
         return self
 
     # --- derived -------------------------------------------------------------------------------------
@@ -228,12 +252,16 @@ class SweepSpec(_Section):
             if n is None:
                 raise ValueError(f"space.{path}: a grid needs discrete values: give num (points of the range) or step")
             if n > MAX_GRID:
-                raise ValueError(f"space.{path}: {n:,} grid points; a grid has at most {MAX_GRID:,} configurations: "
-                                 "raise the step, or give num")
+                raise ValueError(
+                    f"space.{path}: {n:,} grid points; a grid has at most {MAX_GRID:,} configurations: "
+                    "raise the step, or give num"
+                )
             size *= n
         if size > MAX_GRID:
-            raise ValueError(f"space: the grid has {size:,} configurations; at most {MAX_GRID:,}: shrink the space, "
-                             "or use method random or tpe")
+            raise ValueError(
+                f"space: the grid has {size:,} configurations; at most {MAX_GRID:,}: shrink the space, "
+                "or use method random or tpe"
+            )
         return size
 
     @property
@@ -341,7 +369,9 @@ def _read(text: str) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise SweepSpecError([("(root)", f"not valid YAML: {' '.join(str(e).split())[:300]}")]) from None
     if not isinstance(data, dict):
-        raise SweepSpecError([("(root)", "a sweep spec must be a YAML mapping (space, method, objective, budget, ...)")])
+        raise SweepSpecError(
+            [("(root)", "a sweep spec must be a YAML mapping (space, method, objective, budget, ...)")]
+        )
     return data
 
 
@@ -374,11 +404,15 @@ def set_path(data: dict[str, Any], path: str, value: Any) -> None:
 def check_path(path: str, param: ParamSpec, base: RunSpec, *, stored: bool = False) -> None:
     """A sweepable field, and every value the space can give it (choices, a range's ends) makes a valid run spec."""
     if path in NOT_SWEPT:
-        raise ValueError(f"space.{path}: not swept" + ("; use `seeds: k` to run each configuration with k seeds"
-                                                       if path == "seed" else ""))
+        raise ValueError(
+            f"space.{path}: not swept"
+            + ("; use `seeds: k` to run each configuration with k seeds" if path == "seed" else "")
+        )
     if path in FILE_FIELDS and not stored:
-        raise ValueError(f"space.{path}: names a file or a dataset, which a sweep never sweeps: every trial reads "
-                         "what its base reads, checked when the sweep is launched; set it in the base")
+        raise ValueError(
+            f"space.{path}: names a file or a dataset, which a sweep never sweeps: every trial reads "
+            "what its base reads, checked when the sweep is launched; set it in the base"
+        )
     if path not in known_paths():
         raise ValueError(f"space.{path}: unknown field; known fields: {', '.join(sweepable_paths())}")
     data = base.model_dump(mode="json")

@@ -72,8 +72,11 @@ def distributions(spec: SweepSpec) -> dict[str, BaseDistribution]:
             out[path] = FloatDistribution(*p.loguniform, log=True)
         else:
             low, high = p.uniform  # type: ignore[misc]
-            out[path] = FloatDistribution(low, low + math.floor((high - low) / p.step + 1e-9) * p.step, step=p.step) \
-                if p.step else FloatDistribution(low, high)
+            out[path] = (
+                FloatDistribution(low, low + math.floor((high - low) / p.step + 1e-9) * p.step, step=p.step)
+                if p.step
+                else FloatDistribution(low, high)
+            )
     return out
 
 
@@ -104,12 +107,17 @@ def outcome(state: SweepState, number: int) -> Outcome:
     return Outcome(number, st, value, std, len(bests), used, curve, pruned.reason if pruned else None)
 
 
-_STATES = {"completed": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL,
-           "running": TrialState.RUNNING}
+_STATES = {
+    "completed": TrialState.COMPLETE,
+    "pruned": TrialState.PRUNED,
+    "failed": TrialState.FAIL,
+    "running": TrialState.RUNNING,
+}
 
 
-def _frozen(state: SweepState, trial: TrialRecord, dists: Mapping[str, BaseDistribution],
-            until_epoch: int | None = None) -> FrozenTrial:
+def _frozen(
+    state: SweepState, trial: TrialRecord, dists: Mapping[str, BaseDistribution], until_epoch: int | None = None
+) -> FrozenTrial:
     o = outcome(state, trial.number)
     attrs = dict(trial.attrs)
     for d in state.decisions_of(trial.number):
@@ -118,15 +126,27 @@ def _frozen(state: SweepState, trial: TrialRecord, dists: Mapping[str, BaseDistr
     curve = {e: v for e, v in o.curve.items() if until_epoch is None or e <= until_epoch}
     st = "running" if until_epoch is not None else o.state
     params = {k: v for k, v in trial.params.items() if k in dists}
-    return create_trial(state=_STATES[st], value=o.value if st == "completed" else None, params=params,
-                        distributions={k: dists[k] for k in params}, intermediate_values=curve, system_attrs=attrs)
+    return create_trial(
+        state=_STATES[st],
+        value=o.value if st == "completed" else None,
+        params=params,
+        distributions={k: dists[k] for k in params},
+        intermediate_values=curve,
+        system_attrs=attrs,
+    )
 
 
-def build_study(state: SweepState, *, sampler: optuna.samplers.BaseSampler | None = None,
-                pruner: optuna.pruners.BasePruner | None = None, leave_out: int | None = None) -> optuna.Study:
+def build_study(
+    state: SweepState,
+    *,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    leave_out: int | None = None,
+) -> optuna.Study:
     direction = "maximize" if state.spec.mode == "max" else "minimize"
-    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), direction=direction, sampler=sampler,
-                                pruner=pruner)
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(), direction=direction, sampler=sampler, pruner=pruner
+    )
     dists = distributions(state.spec)
     for trial in state.trials:
         if trial.number != leave_out:
@@ -198,18 +218,25 @@ def explain(state: SweepState, study: optuna.Study, trial: FrozenTrial, attrs: M
     if not math.isfinite(value):
         return f"{metric} is {value} at epoch {epoch}"
     if spec.pruner.kind == "median":
-        done = [t.intermediate_values[epoch] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if epoch in t.intermediate_values]
+        done = [
+            t.intermediate_values[epoch]
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if epoch in t.intermediate_values
+        ]
         best = best_of(trial.intermediate_values, spec.mode)
-        return (f"{metric} {best:.4g} {worse} the median {statistics.median(done):.4g} of {len(done)} completed trials "
-                f"at epoch {epoch}")
+        return (
+            f"{metric} {best:.4g} {worse} the median {statistics.median(done):.4g} of {len(done)} completed trials "
+            f"at epoch {epoch}"
+        )
     rung = max((k for k in attrs if k.startswith("completed_rung_")), key=lambda k: int(k.rsplit("_", 1)[1]))
     rivals = [t.system_attrs[rung] for t in study.get_trials(deepcopy=False) if rung in t.system_attrs]
     rf = spec.pruner.reduction_factor
     ranked = sorted(rivals, reverse=spec.mode == "max")
     cut = ranked[max(len(ranked) // rf, 1) - 1]
-    return (f"{metric} {value:.4g} at epoch {epoch} is not in the top 1/{rf} of the {len(ranked)} trials that reached "
-            f"this rung (the cut is {cut:.4g})")
+    return (
+        f"{metric} {value:.4g} at epoch {epoch} is not in the top 1/{rf} of the {len(ranked)} trials that reached "
+        f"this rung (the cut is {cut:.4g})"
+    )
 
 
 def importances(state: SweepState) -> dict[str, float]:

@@ -141,8 +141,9 @@ class PostgresServer:
         """Run one statement outside a transaction (CREATE/DROP DATABASE need that)."""
         import psycopg
 
-        with psycopg.connect(host=str(self.socket_dir), port=self.port, user=self.user,
-                             dbname=database, autocommit=True) as conn:
+        with psycopg.connect(
+            host=str(self.socket_dir), port=self.port, user=self.user, dbname=database, autocommit=True
+        ) as conn:
             conn.execute(sql)  # type: ignore[arg-type]
 
     def create_database(self, name: str) -> str:
@@ -154,8 +155,7 @@ class PostgresServer:
 
     @cached_property
     def major_version(self) -> int:
-        done = subprocess.run([str(self.bin_dir / "postgres"), "--version"],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run([str(self.bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=True)
         return int(done.stdout.split()[-1].split(".")[0])
 
     def drop_database(self, name: str) -> None:
@@ -163,9 +163,18 @@ class PostgresServer:
 
     def stop(self) -> None:
         subprocess.run(
-            [*self._as_user, str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.root / "data"),
-             "-m", "immediate", "-w"],
-            capture_output=True, timeout=START_TIMEOUT_S,
+            [
+                *self._as_user,
+                str(self.bin_dir / "pg_ctl"),
+                "stop",
+                "-D",
+                str(self.root / "data"),
+                "-m",
+                "immediate",
+                "-w",
+            ],
+            capture_output=True,
+            timeout=START_TIMEOUT_S,
         )
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -182,16 +191,43 @@ def start_postgres(*, durable: bool = False) -> PostgresServer:
     _chown(root / "socket")
     server = PostgresServer(bin_dir=bin_dir, root=root, port=free_port(), _as_user=as_user)
     try:
-        _run([*as_user, str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres",
-              "--auth=trust", "--encoding=UTF8", "--no-sync"], "initdb")
+        _run(
+            [
+                *as_user,
+                str(bin_dir / "initdb"),
+                "-D",
+                str(root / "data"),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            ],
+            "initdb",
+        )
         for attempt in range(3):
             options = f"-p {server.port} -k {server.socket_dir} -c listen_addresses=127.0.0.1"
             if not durable:
                 options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             try:
-                _run([*as_user, str(bin_dir / "pg_ctl"), "start", "-D", str(root / "data"), "-w",
-                      "-t", str(START_TIMEOUT_S), "-l", str(root / "server.log"), "-o", options],
-                     "pg_ctl start", root / "server.log")
+                _run(
+                    [
+                        *as_user,
+                        str(bin_dir / "pg_ctl"),
+                        "start",
+                        "-D",
+                        str(root / "data"),
+                        "-w",
+                        "-t",
+                        str(START_TIMEOUT_S),
+                        "-l",
+                        str(root / "server.log"),
+                        "-o",
+                        options,
+                    ],
+                    "pg_ctl start",
+                    root / "server.log",
+                )
                 break
             except PostgresUnavailable as e:
                 # Its port taken meanwhile by another program of this machine: another port.
@@ -257,8 +293,24 @@ def start_redis(folder: Path, *, password: str | None = None, timeout_s: float =
     auth = ["--requirepass", password] if password else []
     for attempt in range(3):
         port = free_port()
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", *auth, "--dir", str(folder),
-                                 "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                *auth,
+                "--dir",
+                str(folder),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=port, password=password)
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None:

@@ -21,13 +21,16 @@ def test_import_linter_contracts_hold():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("module, line, contract", [
-    ("worker/spill.py", "from app import services", "worker never imports app"),
-    ("app/present/text.py", "import torch", "app never imports worker"),
-    ("app/services/runs.py", "from worker.tasks import reap", "app never imports worker"),
-    ("db/records.py", "from core.train import run_training", "db imports neither worker nor app"),
-    ("core/names.py", "import torch", "torch-free modules"),
-])
+@pytest.mark.parametrize(
+    "module, line, contract",
+    [
+        ("worker/spill.py", "from app import services", "worker never imports app"),
+        ("app/present/text.py", "import torch", "app never imports worker"),
+        ("app/services/runs.py", "from worker.tasks import reap", "app never imports worker"),
+        ("db/records.py", "from core.train import run_training", "db imports neither worker nor app"),
+        ("core/names.py", "import torch", "torch-free modules"),
+    ],
+)
 def test_a_crossed_boundary_fails_the_contracts(tmp_path, module, line, contract):
     """The contracts are not decoration: the same tree with one forbidden import breaks the named one."""
     for package in PACKAGES:
@@ -35,16 +38,19 @@ def test_a_crossed_boundary_fails_the_contracts(tmp_path, module, line, contract
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with open(tmp_path / module, "a") as f:
         f.write(f"\n{line}  # a deliberate violation\n")
-    r = subprocess.run([LINT], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path),
-                                                                                   "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [LINT], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    )
     assert r.returncode != 0 and "Broken contracts" in r.stdout, r.stdout + r.stderr
     assert contract in r.stdout.split("Broken contracts", 1)[1], r.stdout
 
 
 def test_dashboard_and_cli_modules_load_without_torch():
     """The dashboard validates specs and parses the CLI without paying torch's import time."""
-    code = ("import sys, app.cli, app.services.runs, app.services.broker, app.services.artifacts, app.services.owners, "
-            "app.services.jobs, app.services.datasets, app.present.form_schema, app.present.figures, core.config, core.events;"
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, app.cli, app.services.runs, app.services.broker, app.services.artifacts, app.services.owners, "
+        "app.services.jobs, app.services.datasets, app.present.form_schema, app.present.figures, core.config, core.events;"
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, "torch was imported: " + r.stderr

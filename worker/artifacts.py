@@ -53,9 +53,15 @@ def needs_upload(store: ArtifactStore, run_dir: Path) -> bool:
 class Uploader:
     """Copies one run's files to the store in a background thread (see the module docstring)."""
 
-    def __init__(self, store: ArtifactStore, run_id: str, run_dir: Path,
-                 on_stored: Callable[[str, StoredObject | None, str, dict], None],
-                 on_problem: Callable[[str], None] | None = None, poll_s: float = 1.0):
+    def __init__(
+        self,
+        store: ArtifactStore,
+        run_id: str,
+        run_dir: Path,
+        on_stored: Callable[[str, StoredObject | None, str, dict], None],
+        on_problem: Callable[[str], None] | None = None,
+        poll_s: float = 1.0,
+    ):
         self.store, self.run_id, self.run_dir = store, run_id, run_dir.resolve()
         self.on_stored, self.on_problem, self.poll_s = on_stored, on_problem or (lambda m: None), poll_s
         self._queue: queue.Queue[tuple[str, str, dict] | None] = queue.Queue()

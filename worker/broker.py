@@ -39,7 +39,9 @@ def run_ids_in_broker(app: Any, queues: Iterable[str], task: str, delivered_with
                 for raw in client.lrange(key, 0, -1):
                     found |= _run_ids(json.loads(raw), task)
             recent = time.time() - delivered_within_s
-            delivered = {_text(tag): stamp for tag, stamp in client.zrange(channel.unacked_index_key, 0, -1, withscores=True)}
+            delivered = {
+                _text(tag): stamp for tag, stamp in client.zrange(channel.unacked_index_key, 0, -1, withscores=True)
+            }
             for tag, raw in client.hgetall(channel.unacked_key).items():
                 if delivered.get(_text(tag), 0.0) >= recent:
                     found |= _run_ids(json.loads(raw)[0], task)

@@ -48,8 +48,12 @@ class RunControl:
         try:
             return retrying(lambda: judge_run(self.engine, self.run, epoch), "judge the trial")
         except Exception as e:  # noqa: BLE001 - a pruner that cannot decide never stops a trial
-            self.sink.event("lifecycle", "warning", f"the sweep's pruner could not judge epoch {epoch} "
-                            f"({e.__class__.__name__}: {e}); the trial goes on", {"code": "judge_failed"})
+            self.sink.event(
+                "lifecycle",
+                "warning",
+                f"the sweep's pruner could not judge epoch {epoch} ({e.__class__.__name__}: {e}); the trial goes on",
+                {"code": "judge_failed"},
+            )
             return None
 
 
@@ -123,7 +127,9 @@ def gpu_metrics() -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(pynvml.nvmlDeviceGetCount())
+    indices = (
+        [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(pynvml.nvmlDeviceGetCount())
+    )
     for n, i in enumerate(indices):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         util = pynvml.nvmlDeviceGetUtilizationRates(h)
@@ -212,15 +218,23 @@ def record_failure(sink, exc: BaseException) -> bool:
     the run process then exits with RANK_LOST_EXIT and its supervisor re-queues the run to resume."""
     lost = rank_loss(exc)
     if lost is None:
-        sink.event("lifecycle", "error", f"{exc.__class__.__name__}: {exc}",
-                   {"code": "failed", "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+        sink.event(
+            "lifecycle",
+            "error",
+            f"{exc.__class__.__name__}: {exc}",
+            {"code": "failed", "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))},
+        )
         return False
     which = f"rank {lost['rank']}" if "rank" in lost else "a rank"
     if "world_size" in lost:
         which += f" of {lost['world_size']}"
-    sink.event("lifecycle", "warning", f"{which} of this run's processes died ({lost['error']}); the run is marked "
-               "lost and resumes from its last checkpoint, on this worker or another that offers the same GPUs",
-               {"code": "rank_lost", **lost})
+    sink.event(
+        "lifecycle",
+        "warning",
+        f"{which} of this run's processes died ({lost['error']}); the run is marked "
+        "lost and resumes from its last checkpoint, on this worker or another that offers the same GPUs",
+        {"code": "rank_lost", **lost},
+    )
     return True
 
 
@@ -232,9 +246,9 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
     term = TermFlag()
     from core.config import RunSpec
     from core.train import run_training
+    from db.artifacts import StoreError
     from db.engine import make_engine
     from db.repo import RunNotFound, finish_run, get_run
-    from db.artifacts import StoreError
     from worker.artifacts import fetch_checkpoints, localize_dataset
     from worker.sink import DbSink
 
@@ -251,8 +265,9 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
         store = settings.store()
     except StoreError as e:  # a wrong TORCHDECK_ARTIFACTS: the run fails saying so
         store, store_error = None, e
-    sink = DbSink(engine, run_id, worker_id, settings, store=store, run_dir=out, attempt=run.attempt,
-                  on_abandon=_abandon)
+    sink = DbSink(
+        engine, run_id, worker_id, settings, store=store, run_dir=out, attempt=run.attempt, on_abandon=_abandon
+    )
     monitor = SystemMonitor(sink, settings.sys_metrics_s).start()
     try:
         if store_error is not None:
@@ -263,8 +278,12 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
             # and read an uploaded dataset from the store when its folder is not on this host.
             for path in fetch_checkpoints(store, run_id, out):
                 sink.uploader.mark_present(path)
-                sink.event("lifecycle", "info", f"fetched {path.name} from {store.url} to resume",
-                           {"code": "checkpoint_fetched"})
+                sink.event(
+                    "lifecycle",
+                    "info",
+                    f"fetched {path.name} from {store.url} to resume",
+                    {"code": "checkpoint_fetched"},
+                )
         spec = localize_dataset(spec, store, engine) if store is not None else spec
         resume = (out / "checkpoints" / CHECKPOINT_FILES["last"]).is_file()
         summary = run_training(spec, out, sink, RunControl(sink, term, engine, run), resume=resume)
@@ -281,7 +300,10 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
         return RANK_LOST_EXIT
     if sink.degraded:
         summary = {**summary, "degraded": sink.degraded}
-    retrying(lambda: finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id), "record the end of the run")
+    retrying(
+        lambda: finish_run(engine, run_id, status, summary=summary, error=error, worker_id=worker_id),
+        "record the end of the run",
+    )
     return 0
 
 

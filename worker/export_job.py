@@ -46,14 +46,26 @@ def export(run_id: str, checkpoint: str, formats: list[str], job_id: str) -> dic
     folder = settings.run_dir(run.id)
     out = new_export_folder(folder)
     added: list[str] = []
-    sink = DbSink(engine, run.id, None, settings, store=settings.store(), run_dir=folder, scope=f"job-{job_id}",
-                  on_artifact=added.append)
+    sink = DbSink(
+        engine,
+        run.id,
+        None,
+        settings,
+        store=settings.store(),
+        run_dir=folder,
+        scope=f"job-{job_id}",
+        on_artifact=added.append,
+    )
     try:
         verified = export_run(folder, checkpoint, formats, sink, out=out)
     finally:
         sink.close()
-    return {"ok": all(verified.values()), "formats": verified, "added": added,
-            "folder": out.relative_to(folder).as_posix()}
+    return {
+        "ok": all(verified.values()),
+        "formats": verified,
+        "added": added,
+        "folder": out.relative_to(folder).as_posix(),
+    }
 
 
 def main(argv: list[str]) -> int:

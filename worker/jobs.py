@@ -101,8 +101,9 @@ def cpu_spec(spec: Any) -> Any:
     return spec.model_copy(update={"device": "cpu", "train": train})
 
 
-def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S,
-                  overfit: bool = False) -> tuple[dict, bytes | None]:
+def run_preflight(
+    spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bool = False
+) -> tuple[dict, bytes | None]:
     """(result, sample grid PNG) of worker/preflight.py run in a fresh subprocess on this host."""
     from core.config import RunSpec
     from worker.artifacts import localize_dataset
@@ -119,8 +120,9 @@ def run_preflight(spec_data: dict, store, timeout_s: float = PREFLIGHT_TIMEOUT_S
         spec_path.write_text(cpu_spec(spec).to_yaml())
         cmd = [sys.executable, "-m", "worker.preflight", str(spec_path), str(out), *(["--overfit"] if overfit else [])]
         try:
-            done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                                  env=_child_env())
+            done = subprocess.run(
+                cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"pre-flight did not finish within {timeout_s:.0f} s"}, None
         result_path = out / "result.json"
@@ -138,8 +140,10 @@ def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S, o
     try:
         result, grid = run_preflight(spec, store, timeout_s, overfit)
     except Exception as e:  # noqa: BLE001 - the answer says what went wrong
-        result, grid = {"ok": False, "error": f"{e.__class__.__name__}: {e}",
-                        "traceback": traceback.format_exc()[-4000:]}, None
+        result, grid = (
+            {"ok": False, "error": f"{e.__class__.__name__}: {e}", "traceback": traceback.format_exc()[-4000:]},
+            None,
+        )
     result["worker"] = socket.gethostname()
     if grid is not None:
         store.put_bytes(grid, job_key(job_id, "samples.png"))
@@ -150,8 +154,14 @@ def preflight(job_id: str, spec: dict, timeout_s: float = PREFLIGHT_TIMEOUT_S, o
 # --- export now -----------------------------------------------------------------------------------------
 
 
-def run_export(run_id: str, formats: list[str], checkpoint: str = "best", job_id: str = "0" * 8,
-               settings: WorkerSettings | None = None, timeout_s: float = EXPORT_TIMEOUT_S) -> dict:
+def run_export(
+    run_id: str,
+    formats: list[str],
+    checkpoint: str = "best",
+    job_id: str = "0" * 8,
+    settings: WorkerSettings | None = None,
+    timeout_s: float = EXPORT_TIMEOUT_S,
+) -> dict:
     """worker/export_job.py on the run's folder on this host (checkpoint fetched from the store when missing),
     in a fresh subprocess. Returns {"ok", "output", "added"}."""
     from worker.artifacts import fetch_checkpoints, needs_upload
@@ -164,12 +174,16 @@ def run_export(run_id: str, formats: list[str], checkpoint: str = "best", job_id
     if needs_upload(store, folder):  # the store is not this host's folder: the run may have trained elsewhere
         fetch_checkpoints(store, run_id, folder)
     if not (folder / "checkpoints" / CHECKPOINT_FILES[checkpoint]).is_file():
-        return {"ok": False, "output": f"run {run_id} has no {checkpoint} checkpoint on {socket.gethostname()} nor in "
-                                       f"the artifact store {store.url}"}
+        return {
+            "ok": False,
+            "output": f"run {run_id} has no {checkpoint} checkpoint on {socket.gethostname()} nor in "
+            f"the artifact store {store.url}",
+        }
     cmd = [sys.executable, "-m", "worker.export_job", run_id, checkpoint, ",".join(formats), job_id]
     try:
-        done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                              env=_child_env())
+        done = subprocess.run(
+            cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "output": f"export did not finish within {timeout_s:.0f} s"}
     try:
@@ -178,15 +192,17 @@ def run_export(run_id: str, formats: list[str], checkpoint: str = "best", job_id
         return {"ok": False, "output": "export crashed: " + _tail(done)}
     if answer.get("error"):
         return {"ok": False, "output": answer["error"], "added": []}
-    verdicts = ", ".join(f"{fmt} {'verified' if ok else 'failed (see export.json)'}"
-                         for fmt, ok in answer["formats"].items())
+    verdicts = ", ".join(
+        f"{fmt} {'verified' if ok else 'failed (see export.json)'}" for fmt, ok in answer["formats"].items()
+    )
     where = f" (new files in {answer['folder']}/)" if answer.get("folder") else ""
     return {"ok": bool(answer["ok"]), "output": f"{checkpoint} checkpoint: {verdicts}{where}", "added": answer["added"]}
 
 
 @app.task(name=EXPORT_TASK, ignore_result=True)
-def export(job_id: str, run_id: str, formats: list[str], checkpoint: str = "best",
-           timeout_s: float = EXPORT_TIMEOUT_S) -> str:
+def export(
+    job_id: str, run_id: str, formats: list[str], checkpoint: str = "best", timeout_s: float = EXPORT_TIMEOUT_S
+) -> str:
     store = WorkerSettings().store()
     _started(store, job_id)
     try:

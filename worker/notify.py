@@ -46,7 +46,6 @@ RESPONSE_LIMIT = 64 * 1024  # of an answer we read (and ignore)
 _RETRIED_4XX = (408, 425, 429)  # a client error worth another try; any other one is final
 
 
-
 def where(url: str | None) -> str:
     """A webhook URL as logged: scheme, host and port only (Slack's and most services' URLs hold their secret in
     the path or the query)."""
@@ -59,6 +58,7 @@ def where(url: str | None) -> str:
     except ValueError:
         return "(an unreadable URL)"
 
+
 def build_payload(run: RunRecord, public_url: str | None = None) -> dict[str, Any]:
     """What is POSTed for a finished run: {"text": <one line>, "run": {...}}, every string redacted."""
     best = _clean((run.summary or {}).get("best"))
@@ -66,8 +66,16 @@ def build_payload(run: RunRecord, public_url: str | None = None) -> dict[str, An
     url = run_url(public_url, run.id)
     return {
         "text": summary_text(run, best if isinstance(best, Mapping) else None, error, url),
-        "run": {"id": run.id, "name": redact(run.name), "owner": redact(run.owner), "status": run.status,
-                "best": best, "error": error, "sweep_id": run.sweep_id, "url": url},
+        "run": {
+            "id": run.id,
+            "name": redact(run.name),
+            "owner": redact(run.owner),
+            "status": run.status,
+            "best": best,
+            "error": error,
+            "sweep_id": run.sweep_id,
+            "url": url,
+        },
     }
 
 
@@ -81,7 +89,7 @@ def run_url(public_url: str | None, run_id: str) -> str | None:
 def summary_text(run: RunRecord, best: Mapping[str, Any] | None, error: str | None, url: str | None) -> str:
     """One line: name, status, best metric, duration, link (then the error), at most TEXT_LIMIT characters."""
     name = _first_line(run.name, NAME_LIMIT) or run.id
-    parts = [f"torchdeck run \"{name}\" {run.status.replace('_', ' ')}"]
+    parts = [f'torchdeck run "{name}" {run.status.replace("_", " ")}']
     if best and best.get("value") is not None:
         value = best["value"]
         shown = f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
@@ -167,8 +175,12 @@ def _without_userinfo(url: str) -> tuple[str, dict[str, str]]:
 
 def _post(url: str, body: bytes, timeout_s: float) -> None:
     plain, auth = _without_userinfo(url)
-    req = urllib.request.Request(plain, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", "User-Agent": "torchdeck-webhook", **auth})
+    req = urllib.request.Request(
+        plain,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": "torchdeck-webhook", **auth},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as answer:  # noqa: S310 - http(s) only (settings)
             answer.read(RESPONSE_LIMIT)
@@ -188,8 +200,14 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def send_with_retry(url: str, payload: Mapping[str, Any], *, attempts: int = ATTEMPTS, timeout_s: float = TIMEOUT_S,
-                    backoff_s: Sequence[float] = BACKOFF_S) -> bool:
+def send_with_retry(
+    url: str,
+    payload: Mapping[str, Any],
+    *,
+    attempts: int = ATTEMPTS,
+    timeout_s: float = TIMEOUT_S,
+    backoff_s: Sequence[float] = BACKOFF_S,
+) -> bool:
     """POST `payload` as JSON; True once an attempt gets a 2xx. Up to `attempts` tries, waiting backoff_s[i]
     between them; then one WARNING naming the (redacted) URL and why. Never raises."""
     try:
@@ -221,8 +239,9 @@ def should_notify(run: RunRecord, settings: WorkerSettings, worker_id: str | Non
     return worker_id is None or run.worker_id == worker_id
 
 
-def notify_run_end(engine: Engine, run_id: str, *, worker_id: str | None = None,
-                   settings: WorkerSettings | None = None) -> threading.Thread | None:
+def notify_run_end(
+    engine: Engine, run_id: str, *, worker_id: str | None = None, settings: WorkerSettings | None = None
+) -> threading.Thread | None:
     """Notify the end of run `run_id` in a background daemon thread (returned; None when no webhook is set).
     Reads the run there: it notifies only a finished run (see should_notify). Never raises, never blocks."""
     try:

@@ -30,16 +30,24 @@ def overfit_verdict(model: Any, data: Any, device: Any, seed: int, budget_s: flo
         return {"skipped": "the model has no trainable parameters (everything is frozen)"}
     torch.manual_seed(seed)
     try:
-        r = overfit_one_batch(model, data, device, PREFLIGHT_OVERFIT_STEPS, batch=PREFLIGHT_OVERFIT_BATCH,
-                              lr=PREFLIGHT_OVERFIT_LR, budget_s=budget_s)
+        r = overfit_one_batch(
+            model,
+            data,
+            device,
+            PREFLIGHT_OVERFIT_STEPS,
+            batch=PREFLIGHT_OVERFIT_BATCH,
+            lr=PREFLIGHT_OVERFIT_LR,
+            budget_s=budget_s,
+        )
     except (RuntimeError, ValueError) as e:
         return {"error": f"{e.__class__.__name__}: {e}"[:2000]}
     fell = r["final_loss"] < r["initial_loss"]  # False for NaN too
     return {**r, "fell": fell, "budget_s": budget_s, "max_steps": PREFLIGHT_OVERFIT_STEPS}
 
 
-def run(spec_path: Path, out: Path, overfit: bool = False,
-        overfit_budget_s: float | None = PREFLIGHT_OVERFIT_S) -> dict:
+def run(
+    spec_path: Path, out: Path, overfit: bool = False, overfit_budget_s: float | None = PREFLIGHT_OVERFIT_S
+) -> dict:
     """The pre-flight's result: data, model, shapes (or error), and with `overfit` the overfit verdict."""
     from core.config import load_spec
 
@@ -56,13 +64,24 @@ def run(spec_path: Path, out: Path, overfit: bool = False,
     torch.manual_seed(spec.seed)  # the same spec gets the same model, so the same verdict, whatever ran before
     data = load_data(spec.data, spec.seed)
     info = data.info
-    result: dict = {"data": {"name": info.name, "classes": info.class_names, "train": info.num_train,
-                             "val": info.num_val, "channels": info.channels, "image_size": info.image_size,
-                             "skipped": info.skipped}}
+    result: dict = {
+        "data": {
+            "name": info.name,
+            "classes": info.class_names,
+            "train": info.num_train,
+            "val": info.num_val,
+            "channels": info.channels,
+            "image_size": info.image_size,
+            "skipped": info.skipped,
+        }
+    }
     sample_grid(data, out / "samples.png")
     model = build_model(spec.model, info.num_classes, info.channels, info.image_size, class_names=info.class_names)
-    result["model"] = {"name": spec.model.name, "parameters": sum(p.numel() for p in model.parameters()),
-                       "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    result["model"] = {
+        "name": spec.model.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
     device = resolve_device(spec)
     try:
         result["shapes"] = check_shapes(model.to(device), data, device)
@@ -70,8 +89,11 @@ def run(spec_path: Path, out: Path, overfit: bool = False,
     except ShapeError as e:
         result.update(ok=False, error=f"shape check failed: {e}")
     if overfit:
-        result["overfit"] = (overfit_verdict(model, data, device, spec.seed, overfit_budget_s) if result["ok"]
-                             else {"skipped": "the shape check failed"})
+        result["overfit"] = (
+            overfit_verdict(model, data, device, spec.seed, overfit_budget_s)
+            if result["ok"]
+            else {"skipped": "the shape check failed"}
+        )
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
 

@@ -14,8 +14,12 @@ REFUSED = (ValueError, DataError, IntegrityError)
 T = TypeVar("T")
 
 
-def store_each(items: Sequence[T], write: Callable[[Sequence[T]], None], problem: Callable[[T], str | None],
-               refused: Callable[[T, str], None]) -> None:
+def store_each(
+    items: Sequence[T],
+    write: Callable[[Sequence[T]], None],
+    problem: Callable[[T], str | None],
+    refused: Callable[[T, str], None],
+) -> None:
     """write(items); when the store refuses the batch, the items `problem` names (the cheap checks, which say
     why) are refused, and what the database itself refuses is found by halving the rest."""
     try:

@@ -19,43 +19,73 @@ class WorkerSettings(BaseSettings):
 
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker (Redis).")
     artifacts: str | None = Field(
-        None, description="Artifact store URL: a folder (default $TORCHDECK_HOME/artifacts) or s3://bucket/prefix "
-        "(endpoint from TORCHDECK_S3_ENDPOINT_URL, credentials from the AWS variables) shared by all hosts.")
+        None,
+        description="Artifact store URL: a folder (default $TORCHDECK_HOME/artifacts) or s3://bucket/prefix "
+        "(endpoint from TORCHDECK_S3_ENDPOINT_URL, credentials from the AWS variables) shared by all hosts.",
+    )
     heartbeat_s: float = Field(2.0, gt=0, description="Run heartbeat period; ≤ 5 s so a cancel lands within seconds.")
-    stale_after_s: float = Field(STALE_AFTER_S, gt=0, description="A running run whose heartbeat is older is lost (worker died).")
+    stale_after_s: float = Field(
+        STALE_AFTER_S, gt=0, description="A running run whose heartbeat is older is lost (worker died)."
+    )
     reap_every_s: float = Field(10.0, gt=0, description="How often each worker looks for lost runs.")
-    requeue_after_s: float = Field(120.0, gt=0, description="A lost run nobody claimed for this long is sent again "
-                                   "(its first message may never have left a reaper that died).")
+    requeue_after_s: float = Field(
+        120.0,
+        gt=0,
+        description="A lost run nobody claimed for this long is sent again "
+        "(its first message may never have left a reaper that died).",
+    )
     max_attempts: int = Field(3, ge=1, description="A lost run is re-queued until it has been tried this many times.")
-    cancel_grace_s: float = Field(30.0, ge=0, description="After a cancel, time the run gets to stop cleanly before SIGTERM, then SIGKILL.")
-    flush_s: float = Field(1.0, gt=0, description="Metric sink flush period (the training step never waits for it). "
-                           "Each write has a fixed cost (transaction, rollup lookups): 1 s keeps the sink's threads "
-                           "under 1 % of a core on a fast loop while charts stay within a refresh of live.")
+    cancel_grace_s: float = Field(
+        30.0, ge=0, description="After a cancel, time the run gets to stop cleanly before SIGTERM, then SIGKILL."
+    )
+    flush_s: float = Field(
+        1.0,
+        gt=0,
+        description="Metric sink flush period (the training step never waits for it). "
+        "Each write has a fixed cost (transaction, rollup lookups): 1 s keeps the sink's threads "
+        "under 1 % of a core on a fast loop while charts stay within a refresh of live.",
+    )
     flush_points: int = Field(1000, ge=1, description="Flush early once this many points are buffered.")
     sink_buffer_points: int = Field(
-        200_000, ge=10, description="Metric points a run holds in memory while the database is unreachable (a few "
-        "minutes of a fast run); beyond, they are spilled to the run's folder and stored when it is back.")
-    flush_timeout_s: float = Field(60.0, gt=0, description="How long a checkpoint waits for the run's metrics to be "
-                                   "stored; past it they are spilled to disk and the run is marked degraded.")
+        200_000,
+        ge=10,
+        description="Metric points a run holds in memory while the database is unreachable (a few "
+        "minutes of a fast run); beyond, they are spilled to the run's folder and stored when it is back.",
+    )
+    flush_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a checkpoint waits for the run's metrics to be "
+        "stored; past it they are spilled to disk and the run is marked degraded.",
+    )
     sys_metrics_s: float = Field(5.0, gt=0, description="System metrics (CPU, RSS, GPU) sampling period.")
     run_start: Literal["forkserver", "spawn"] = Field(
-        "forkserver", description="How a run's process starts. forkserver: forked from a server process of the "
+        "forkserver",
+        description="How a run's process starts. forkserver: forked from a server process of the "
         "worker that imported torch, core and the data readers once (and never touches CUDA), so a process is "
         "ready in well under a second and a sweep's next trial never waits for an import. spawn: a fresh "
         "interpreter that imports them itself (4-5 s of CPU per run; the next run's process is still spawned "
         "while a run trains, but a run shorter than that import leaves its successor waiting). Either way each "
-        "run has a process of its own, which exits when the run ends.")
+        "run has a process of its own, which exits when the run ends.",
+    )
     visibility_timeout_s: int = Field(
-        3600, ge=60, description="Redis redelivers an unacknowledged task after this; a duplicate is refused by the database claim."
+        3600,
+        ge=60,
+        description="Redis redelivers an unacknowledged task after this; a duplicate is refused by the database claim.",
     )
     webhook_url: str | None = Field(
-        None, description="Run-end notifications: a JSON POST (a Slack-compatible `text` and the run's figures) to this "
-        "http(s) URL when a run ends, e.g. a Slack incoming webhook. Unset or empty: none is sent.")
+        None,
+        description="Run-end notifications: a JSON POST (a Slack-compatible `text` and the run's figures) to this "
+        "http(s) URL when a run ends, e.g. a Slack incoming webhook. Unset or empty: none is sent.",
+    )
     webhook_on: str = Field(
-        ",".join(FINISHED_STATUSES), description="Comma-separated final statuses that notify (e.g. failed,diverged); "
-        "unset or empty: every one.")
+        ",".join(FINISHED_STATUSES),
+        description="Comma-separated final statuses that notify (e.g. failed,diverged); unset or empty: every one.",
+    )
     public_url: str | None = Field(
-        None, description="The dashboard's public address (https://torchdeck.example.com): notifications link to the run's page.")
+        None,
+        description="The dashboard's public address (https://torchdeck.example.com): notifications link to the run's page.",
+    )
 
     @field_validator("webhook_url", "public_url", mode="before")
     @classmethod
@@ -65,8 +95,10 @@ class WorkerSettings(BaseSettings):
         text = str(value).strip()
         parts = urlsplit(text)
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"TORCHDECK_{info.field_name.upper()} must be an http:// or https:// URL with a host "
-                             f"(e.g. https://hooks.slack.com/services/...), not {redact(text)!r}")
+            raise ValueError(
+                f"TORCHDECK_{info.field_name.upper()} must be an http:// or https:// URL with a host "
+                f"(e.g. https://hooks.slack.com/services/...), not {redact(text)!r}"
+            )
         return text
 
     @field_validator("webhook_on", mode="before")
@@ -75,8 +107,10 @@ class WorkerSettings(BaseSettings):
         names = [v.strip().lower() for v in str(value or "").split(",") if v.strip()]
         unknown = [n for n in names if n not in FINISHED_STATUSES]
         if unknown:
-            raise ValueError(f"TORCHDECK_WEBHOOK_ON: {', '.join(unknown)} is not a final status; "
-                             f"use a comma-separated list of {', '.join(FINISHED_STATUSES)}")
+            raise ValueError(
+                f"TORCHDECK_WEBHOOK_ON: {', '.join(unknown)} is not a final status; "
+                f"use a comma-separated list of {', '.join(FINISHED_STATUSES)}"
+            )
         return ",".join(dict.fromkeys(names)) or ",".join(FINISHED_STATUSES)
 
     @property

@@ -30,6 +30,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from core.names import MAX_EVENT_DATA, bounded  # noqa: F401 - MAX_EVENT_DATA re-exported: the cap the sink applies
+from db.artifacts import ArtifactStore, StoredObject, file_sha256
 from db.repo import (
     EventInput,
     MetricPoint,
@@ -43,7 +44,6 @@ from db.repo import (
     mark_degraded,
     point_problem,
 )
-from db.artifacts import ArtifactStore, StoredObject, file_sha256
 from db.types import EVENT_KEY_LEN, json_safe, utcnow
 from worker import spill
 from worker.refused import REFUSED, store_each
@@ -58,10 +58,19 @@ Artifact = tuple[str, str, dict, StoredObject | None]
 class DbSink:
     """Buffered Sink + Control for one run. `close()` stores everything (retrying) before returning."""
 
-    def __init__(self, engine: Engine, run_id: str, worker_id: str | None, settings: WorkerSettings | None = None,
-                 store: ArtifactStore | None = None, run_dir: Path | None = None, attempt: int = 1,
-                 on_abandon: Callable[[str], None] | None = None, scope: str | None = None,
-                 on_artifact: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        worker_id: str | None,
+        settings: WorkerSettings | None = None,
+        store: ArtifactStore | None = None,
+        run_dir: Path | None = None,
+        attempt: int = 1,
+        on_abandon: Callable[[str], None] | None = None,
+        scope: str | None = None,
+        on_artifact: Callable[[str], None] | None = None,
+    ):
         """`worker_id`: the worker that owns the run (its writes are guarded and it heartbeats); None for a job
         on a run nobody executes (an export now): no heartbeat, no ownership. `scope` prefixes the keys of
         events without a step (default `a<attempt>`); `on_artifact(kind)` is told of each artifact stored."""
@@ -118,9 +127,15 @@ class DbSink:
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
         data = dict(data or {})
         code = data.get("code")
-        ev = EventInput(kind=kind, level=level if level in ("debug", "info", "warning", "error") else "info",
-                        message=message[:4000], code=code, data=bounded(json_safe(data)), time=utcnow(),
-                        key=self._event_key(kind, code, step))
+        ev = EventInput(
+            kind=kind,
+            level=level if level in ("debug", "info", "warning", "error") else "info",
+            message=message[:4000],
+            code=code,
+            data=bounded(json_safe(data)),
+            time=utcnow(),
+            key=self._event_key(kind, code, step),
+        )
         with self._lock:
             self._events.append(ev)
             self._queued += 1
@@ -174,8 +189,10 @@ class DbSink:
             return self.abandoned is None
         kept = self._spill_memory()
         where = f"kept in {self.spill.root} until it is" if kept and self.spill else "held in memory until it is"
-        self.mark_degraded(f"the database did not store this run's metrics within {timeout:.0f} s at step "
-                           f"{self._last_step}; they are {where} reachable again")
+        self.mark_degraded(
+            f"the database did not store this run's metrics within {timeout:.0f} s at step "
+            f"{self._last_step}; they are {where} reachable again"
+        )
         return False
 
     def mark_degraded(self, reason: str) -> None:
@@ -277,16 +294,24 @@ class DbSink:
             return
         self._refused.add(point.key)
         digest = hashlib.sha256(str(point.key).encode()).hexdigest()[:16]
-        self.event("metrics", "warning", f"metric {str(point.key)[:80]!r} is not recorded: the store refused it ({why})",
-                   {"code": "metric_refused", "key": str(point.key)[:1000], "reason": why, "id": digest})
+        self.event(
+            "metrics",
+            "warning",
+            f"metric {str(point.key)[:80]!r} is not recorded: the store refused it ({why})",
+            {"code": "metric_refused", "key": str(point.key)[:1000], "reason": why, "id": digest},
+        )
 
     def _refused_event(self, event: EventInput, why: str) -> None:
         self.dropped += 1
         log.warning("event %r of run %s refused by the store: %s", event.message[:80], self.run_id, why)
         if "event" not in self._refused:
             self._refused.add("event")
-            self.event("lifecycle", "warning", f"an event was refused by the store and is not recorded: {why}",
-                       {"code": "event_refused", "reason": why, "kind": str(event.kind)[:32]})
+            self.event(
+                "lifecycle",
+                "warning",
+                f"an event was refused by the store and is not recorded: {why}",
+                {"code": "event_refused", "reason": why, "kind": str(event.kind)[:32]},
+            )
 
     def _write_artifact(self, item: Artifact) -> None:
         kind, path, meta, obj = item
@@ -300,8 +325,12 @@ class DbSink:
             if self.on_artifact is not None:
                 self.on_artifact(kind)
         except REFUSED as e:
-            self.event("artifacts", "warning", f"artifact {kind!r} ({Path(path).name}) is not recorded: the store "
-                       f"refused it ({e})", {"code": "artifact_refused", "kind": str(kind)[:32]})
+            self.event(
+                "artifacts",
+                "warning",
+                f"artifact {kind!r} ({Path(path).name}) is not recorded: the store refused it ({e})",
+                {"code": "artifact_refused", "kind": str(kind)[:32]},
+            )
 
     # --- spilling ------------------------------------------------------------------------------------
     def _spill_memory(self) -> bool:
@@ -324,8 +353,13 @@ class DbSink:
                 self._points[:0], self._events[:0] = points, events
             return False
         if path is not None:
-            log.warning("database unreachable: %d points and %d events of run %s kept in %s", len(points),
-                        len(events), self.run_id, path)
+            log.warning(
+                "database unreachable: %d points and %d events of run %s kept in %s",
+                len(points),
+                len(events),
+                self.run_id,
+                path,
+            )
         return True
 
     def _replay_spill(self) -> None:
@@ -334,12 +368,17 @@ class DbSink:
         for path in self.spill.files():
             points, events = spill.read(path)
             for i in range(0, len(events), 1000):
-                store_each(events[i:i + 1000], self._write_events, event_problem, self._refused_event)
+                store_each(events[i : i + 1000], self._write_events, event_problem, self._refused_event)
             for i in range(0, len(points), BATCH_POINTS):
-                store_each(points[i:i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
+                store_each(points[i : i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
             path.unlink()
-            log.info("stored %d spilled points and %d events of run %s from %s", len(points), len(events),
-                     self.run_id, path.name)
+            log.info(
+                "stored %d spilled points and %d events of run %s from %s",
+                len(points),
+                len(events),
+                self.run_id,
+                path.name,
+            )
 
     # --- the heartbeat thread -------------------------------------------------------------------------
     def _beat_loop(self) -> None:

@@ -79,5 +79,12 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _event_row(e: EventInput) -> dict[str, Any]:
-    return {"kind": e.kind, "level": e.level, "message": e.message, "code": e.code, "data": e.data, "key": e.key,
-            "time": e.time.isoformat() if e.time else None}
+    return {
+        "kind": e.kind,
+        "level": e.level,
+        "message": e.message,
+        "code": e.code,
+        "data": e.data,
+        "key": e.key,
+        "time": e.time.isoformat() if e.time else None,
+    }

@@ -15,14 +15,15 @@ import time
 from celery import signals
 from sqlalchemy import Engine
 
+from core.names import RUN_QUEUES, RUN_TASK, gpu_key, is_run_queue, queue_of
 from db.engine import make_engine
 from db.repo import (
     EventInput,
+    RunNotFound,
     append_events,
     claim_run,
     finish_run,
     get_run,
-    RunNotFound,
     heartbeat,
     list_sweeps,
     mark_lost,
@@ -30,7 +31,6 @@ from db.repo import (
     unclaimed_runs,
     upsert_worker,
 )
-from core.names import RUN_QUEUES, RUN_TASK, gpu_key, is_run_queue, queue_of
 from worker.broker import run_ids_in_broker
 from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, RANK_LOST_EXIT, spare_main
@@ -132,8 +132,9 @@ class Spare:
         self.pulse = ctx.Value("d", time.monotonic(), lock=False)
         self.ready = ctx.Value("d", 0.0, lock=False)
         self.started = time.monotonic()
-        self.proc = ctx.Process(target=spare_main, args=(child, self.pulse, self.ready), name="torchdeck-run",
-                                daemon=False)
+        self.proc = ctx.Process(
+            target=spare_main, args=(child, self.pulse, self.ready), name="torchdeck-run", daemon=False
+        )
         self.proc.start()
         child.close()
         self.conn = parent
@@ -248,8 +249,10 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
         w.relay_cancel(now)
     code = proc.exitcode
     # A run of several processes whose rank 0 (this process) was SIGKILLed lost a rank too: resumed, attempts bounded.
-    if w.gave_up is None and (code == RANK_LOST_EXIT or (code == -signal.SIGKILL and w.cancel_at is None
-                                                         and run_processes(engine(), run_id) > 1)):
+    if w.gave_up is None and (
+        code == RANK_LOST_EXIT
+        or (code == -signal.SIGKILL and w.cancel_at is None and run_processes(engine(), run_id) > 1)
+    ):
         return resume_after_rank_loss(run_id, worker_id, s)
     if w.gave_up is not None or code == ABANDONED_EXIT:
         log.warning("run %s left to its new owner (%s)", run_id, w.gave_up or "its process gave it up")
@@ -259,8 +262,11 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
         reason = describe_exit(code)
         try:
             if finish_run(engine(), run_id, status, error=reason, worker_id=worker_id) is not None:
-                append_events(engine(), run_id, [EventInput("lifecycle", "error", reason, code="process_exit",
-                                                            data={"exitcode": code})])
+                append_events(
+                    engine(),
+                    run_id,
+                    [EventInput("lifecycle", "error", reason, code="process_exit", data={"exitcode": code})],
+                )
         except Exception as e:  # noqa: BLE001
             log.error("could not record the end of run %s: %s", run_id, e)
     return f"exit {code}"
@@ -277,8 +283,12 @@ def reap(settings: WorkerSettings | None = None) -> list[str]:
     requeued = []
     for run_id in mark_lost(engine(), s.stale_after_s):
         r = get_run(engine(), run_id)
-        if requeue_or_fail(r, s, f"worker {r.worker_id} stopped heartbeating",
-                           "its worker stopped heartbeating (crashed, killed or disconnected)"):
+        if requeue_or_fail(
+            r,
+            s,
+            f"worker {r.worker_id} stopped heartbeating",
+            "its worker stopped heartbeating (crashed, killed or disconnected)",
+        ):
             requeued.append(run_id)
     sent = resend_missing(s)
     for sweep in list_sweeps(engine(), status=("running",)):
@@ -291,13 +301,28 @@ def requeue_or_fail(r, s: WorkerSettings, what: str, why: str, notify: bool = Tr
     max_attempts times (notified unless the caller's run task notifies its end itself). Every write is conditional
     on the run still being `lost`: a worker may claim it meanwhile."""
     if r.attempt >= s.max_attempts:
-        if finish_run(engine(), r.id, "failed", only_from=("lost",),
-                      error=f"lost {r.attempt} times: {why}; not retried again") is not None and notify:
+        if (
+            finish_run(
+                engine(), r.id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: {why}; not retried again"
+            )
+            is not None
+            and notify
+        ):
             notify_run_end(engine(), r.id, settings=s)
         return False
-    append_events(engine(), r.id, [EventInput(
-        "lifecycle", "warning", f"{what}; re-queued (attempt {r.attempt + 1} of {s.max_attempts}) to "
-        f"'{queue_of(r.spec)}', resuming from the last checkpoint", code="lost")])
+    append_events(
+        engine(),
+        r.id,
+        [
+            EventInput(
+                "lifecycle",
+                "warning",
+                f"{what}; re-queued (attempt {r.attempt + 1} of {s.max_attempts}) to "
+                f"'{queue_of(r.spec)}', resuming from the last checkpoint",
+                code="lost",
+            )
+        ],
+    )
     send(r)
     return True
 
@@ -314,8 +339,13 @@ def resume_after_rank_loss(run_id: str, worker_id: str, s: WorkerSettings) -> st
         if r.cancel_requested:
             finish_run(engine(), run_id, "cancelled", only_from=("lost",), error="cancelled while a rank was lost")
             return "cancelled"
-        requeue_or_fail(r, s, "a rank of this run's processes died",  # execute_run notifies a failed run's end
-                        "a rank of its processes died each time (see its rank_lost events)", notify=False)
+        requeue_or_fail(
+            r,
+            s,
+            "a rank of this run's processes died",  # execute_run notifies a failed run's end
+            "a rank of its processes died each time (see its rank_lost events)",
+            notify=False,
+        )
     except RunNotFound:
         return "abandoned"
     except Exception as e:  # noqa: BLE001 - the reaper re-queues it once its heartbeat is stale
@@ -343,9 +373,19 @@ def resend_missing(s: WorkerSettings) -> list[str]:
         if r.id in present:
             continue
         send(r)
-        append_events(engine(), r.id, [EventInput(
-            "lifecycle", "warning", f"the queue had no message for this {r.status} run (the broker restarted or a "
-            f"message was lost); sent it again to '{queue_of(r.spec)}'", code="resent")])
+        append_events(
+            engine(),
+            r.id,
+            [
+                EventInput(
+                    "lifecycle",
+                    "warning",
+                    f"the queue had no message for this {r.status} run (the broker restarted or a "
+                    f"message was lost); sent it again to '{queue_of(r.spec)}'",
+                    code="resent",
+                )
+            ],
+        )
         sent.append(r.id)
     return sent
 
@@ -355,16 +395,24 @@ def _devices() -> list[dict]:
 
     gpus = gpu_metrics()
     n = len({k.split("_")[0] for k in gpus})
-    return [{"kind": "gpu", "index": i, "util": gpus.get(gpu_key(i, "util")), "mem_mb": gpus.get(gpu_key(i, "mem_mb"))}
-            for i in range(n)] or [{"kind": "cpu", "cores": os.cpu_count()}]
+    return [
+        {"kind": "gpu", "index": i, "util": gpus.get(gpu_key(i, "util")), "mem_mb": gpus.get(gpu_key(i, "mem_mb"))}
+        for i in range(n)
+    ] or [{"kind": "cpu", "cores": os.cpu_count()}]
 
 
 def _background(stop: threading.Event, s: WorkerSettings) -> None:
     next_reap = 0.0
     while not stop.wait(min(s.heartbeat_s, 5.0)):
         try:
-            upsert_worker(engine(), _state["worker_id"], hostname=socket.gethostname(), queues=_state["queues"],
-                          devices=_devices(), current_run_id=_state["current_run"])
+            upsert_worker(
+                engine(),
+                _state["worker_id"],
+                hostname=socket.gethostname(),
+                queues=_state["queues"],
+                devices=_devices(),
+                current_run_id=_state["current_run"],
+            )
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + s.reap_every_s
                 for run_id in reap(s):
@@ -383,7 +431,9 @@ def _forget_earlier_selves(node: str, s: WorkerSettings) -> None:
     try:
         now = datetime.now(UTC)
         for w in list_workers(engine()):
-            if (w.id == node or w.id.startswith(node + "/")) and (now - w.heartbeat_at).total_seconds() > s.stale_after_s:
+            if (w.id == node or w.id.startswith(node + "/")) and (
+                now - w.heartbeat_at
+            ).total_seconds() > s.stale_after_s:
                 remove_worker(engine(), w.id)
     except Exception as e:  # noqa: BLE001 - housekeeping never stops a worker from starting
         log.warning("could not remove this worker's earlier rows: %s", e)
@@ -405,7 +455,9 @@ def _on_ready(sender=None, **_: object) -> None:
     node = sender.hostname if sender is not None else socket.gethostname()
     _state["worker_id"] = new_worker_id(node)
     _forget_earlier_selves(node, WorkerSettings())
-    _state["queues"] = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
+    _state["queues"] = (
+        sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) if sender is not None else []
+    )
     threading.Thread(target=_background, args=(_stop, WorkerSettings()), name="worker-duties", daemon=True).start()
     if sender is None or any(is_run_queue(q) for q in _state["queues"]):  # a jobs-only worker runs no run
         _spare.fill()

@@ -12,7 +12,13 @@ from __future__ import annotations
 import streamlit as st
 
 from app.present import text as f
-from app.services.artifacts import ArtifactUnavailable, InvalidArtifactId, artifact_filename, artifact_problem, open_artifact
+from app.services.artifacts import (
+    ArtifactUnavailable,
+    InvalidArtifactId,
+    artifact_filename,
+    artifact_problem,
+    open_artifact,
+)
 from app.ui import frame, queries
 from app.web import downloads
 from db.errors import ArtifactNotFound
@@ -22,8 +28,10 @@ def main() -> None:
     artifact_id = st.query_params.get("id", "")
     st.title("Artifact")
     if not artifact_id:
-        st.info("Open a file from a run's **Artifacts** tab, or a link `/artifact?id=…` shared from there.",
-                icon=":material/link:")
+        st.info(
+            "Open a file from a run's **Artifacts** tab, or a link `/artifact?id=…` shared from there.",
+            icon=":material/link:",
+        )
         return
     try:
         record, fh = open_artifact(artifact_id, engine=queries.engine())
@@ -42,11 +50,17 @@ def main() -> None:
         st.error(f"Refused: artifact {f.code_span(record.id)}: {f.md_text(problem)}.", icon=":material/gpp_bad:")
         return
     run = queries.run(record.run_id)
-    st.markdown(f"**{f.md_text(artifact_filename(record))}** · {f.md_text(record.kind)} · {f.size(record.size)}"
-                + (f" · sha256 {f.code_span(record.sha256)}" if record.sha256 else ""))
+    st.markdown(
+        f"**{f.md_text(artifact_filename(record))}** · {f.md_text(record.kind)} · {f.size(record.size)}"
+        + (f" · sha256 {f.code_span(record.sha256)}" if record.sha256 else "")
+    )
     if run is not None:
-        st.page_link(frame.RUN, label=f"from run {f.md_text(run.name)}", query_params={"id": run.id},
-                     icon=":material/monitoring:")
+        st.page_link(
+            frame.RUN,
+            label=f"from run {f.md_text(run.name)}",
+            query_params={"id": run.id},
+            icon=":material/monitoring:",
+        )
     downloads.control(record, key="artifact.dl", type="primary")
 
 

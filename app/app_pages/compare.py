@@ -31,10 +31,12 @@ def points_per_run(n_runs: int) -> int:
 
 
 def choose_runs() -> list[str]:
-    named = list(dict.fromkeys(i for i in (st.query_params.get("ids") or "").split(",")[:10 * MAX_RUNS] if i))
+    named = list(dict.fromkeys(i for i in (st.query_params.get("ids") or "").split(",")[: 10 * MAX_RUNS] if i))
     if len(named) > MAX_RUNS:
-        st.warning(f"Compare shows at most {MAX_RUNS} runs at once: the first {MAX_RUNS} of the {len(named)} named "
-                   "are shown.", icon=":material/filter_list:")
+        st.warning(
+            f"Compare shows at most {MAX_RUNS} runs at once: the first {MAX_RUNS} of the {len(named)} named are shown.",
+            icon=":material/filter_list:",
+        )
     wanted = named[:MAX_RUNS]
     if st.session_state.get(K("seeded")) != wanted:
         st.session_state[K("seeded")] = wanted
@@ -44,8 +46,14 @@ def choose_runs() -> list[str]:
         if run_id not in recent and (r := queries.run(run_id)) is not None:
             recent[run_id] = r
     st.session_state[K("ids")] = [i for i in st.session_state.get(K("ids"), []) if i in recent]
-    ids = st.multiselect("Runs", list(recent), key=K("ids"), format_func=lambda i: f.run_label(recent[i]),
-                         placeholder="choose runs to compare…", max_selections=MAX_RUNS)
+    ids = st.multiselect(
+        "Runs",
+        list(recent),
+        key=K("ids"),
+        format_func=lambda i: f.run_label(recent[i]),
+        placeholder="choose runs to compare…",
+        max_selections=MAX_RUNS,
+    )
     if ids != wanted:
         st.query_params["ids"] = ",".join(ids)
         st.session_state[K("seeded")] = ids
@@ -58,9 +66,16 @@ def choose_grouping(runs) -> list[cg.Group] | None:
     if st.session_state.get(K("group_url")) != from_url:  # a link (the Run page's seed group) or the back button
         st.session_state[K("group_url")] = from_url
         st.session_state[K("group_by")] = from_url
-    by = st.segmented_control("Group by", cg.GROUP_BY, key=K("group_by"),
-                              help="Runs that differ only by seed (seed group), a sweep's trials or the runs with a "
-                                   "tag as one mean curve with a ± std band, and one summary row each.") or "none"
+    by = (
+        st.segmented_control(
+            "Group by",
+            cg.GROUP_BY,
+            key=K("group_by"),
+            help="Runs that differ only by seed (seed group), a sweep's trials or the runs with a "
+            "tag as one mean curve with a ± std band, and one summary row each.",
+        )
+        or "none"
+    )
     if by != from_url:
         if by == "none":
             st.query_params.pop("group", None)
@@ -79,9 +94,17 @@ def curve_controls(ids: list[str]) -> tuple[tuple[str, ...], dict]:
     default = [k for k in DEFAULT_KEYS if k in available] or available[:2]
     a, b, c, d = st.columns([4, 2.6, 1.5, 1])
     keys = a.multiselect("Metrics", available, default=default, key=K("keys"))
-    xmode = b.segmented_control("x-axis", COMPARE_X_MODES, default="step", key=K("xmode"), format_func=X_LABELS.get,
-                                help="Relative time: seconds since each run started. Wall time: the clock "
-                                     "(UTC).") or "step"
+    xmode = (
+        b.segmented_control(
+            "x-axis",
+            COMPARE_X_MODES,
+            default="step",
+            key=K("xmode"),
+            format_func=X_LABELS.get,
+            help="Relative time: seconds since each run started. Wall time: the clock (UTC).",
+        )
+        or "step"
+    )
     smoothing = c.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key=K("smooth"))
     log_y = d.toggle("Log scale", key=K("log_y"), help="A logarithmic y-axis (points at or below zero are not drawn).")
     return tuple(keys), {"xmode": xmode, "smoothing": smoothing, "log_y": log_y}
@@ -101,10 +124,16 @@ def curves(runs, ids: list[str], groups: list[cg.Group] | None) -> None:
     else:
         curve_charts(runs, groups, keys, look, False)
     labels = None if groups is None else cg.labels_by_run(groups)
-    st.download_button("Curves as CSV", cv.csv_builder(runs, keys, labels), file_name="compare-curves.csv",
-                       mime="text/csv", icon=":material/download:", key=K("curves_csv"), on_click="ignore",
-                       help="Every stored point of the chosen metrics (not the charts' downsampled lines), "
-                            "built when clicked.")
+    st.download_button(
+        "Curves as CSV",
+        cv.csv_builder(runs, keys, labels),
+        file_name="compare-curves.csv",
+        mime="text/csv",
+        icon=":material/download:",
+        key=K("curves_csv"),
+        on_click="ignore",
+        help="Every stored point of the chosen metrics (not the charts' downsampled lines), built when clicked.",
+    )
 
 
 def curve_charts(runs, groups: list[cg.Group] | None, keys: tuple[str, ...], look: dict, live: bool) -> None:
@@ -140,8 +169,13 @@ def hyperparameters(runs) -> None:
         st.session_state[K("pc_axes")] = [a for a in st.session_state[K("pc_axes")] if a in every]
     a, b = st.columns([1, 3])
     metric = a.selectbox("Metric", metrics, index=metrics.index(default), key=K("pc_metric"))
-    axes = b.multiselect("Hyperparameters", every, default=every[:cv.DEFAULT_AXES], key=K("pc_axes"),
-                         help="The spec fields that differ between the runs, as axes in this order.")
+    axes = b.multiselect(
+        "Hyperparameters",
+        every,
+        default=every[: cv.DEFAULT_AXES],
+        key=K("pc_axes"),
+        help="The spec fields that differ between the runs, as axes in this order.",
+    )
     st.plotly_chart(cv.parallel(runs, metric, axes), key=K("parallel"), config={"displaylogo": False})
 
 
@@ -149,14 +183,17 @@ def main() -> None:
     st.title("Compare")
     ids = choose_runs()
     if not ids:
-        st.info("Choose two or more runs above, or select them on the **Runs** page and press Compare.",
-                icon=":material/info:")
+        st.info(
+            "Choose two or more runs above, or select them on the **Runs** page and press Compare.",
+            icon=":material/info:",
+        )
         return
     runs = cv.fresh_runs(ids)
     groups = choose_grouping(runs)
     # Only the open tab runs (on_change="rerun"): the hidden ones cost nothing, in the server or the browser.
     curves_tab, params_tab, diff_tab, summary_tab = st.tabs(
-        ["Curves", "Hyperparameters", "Spec diff", "Summary"], key=K("tab"), on_change="rerun")
+        ["Curves", "Hyperparameters", "Spec diff", "Summary"], key=K("tab"), on_change="rerun"
+    )
     if curves_tab.open is not False:
         with curves_tab:
             curves(runs, ids, groups)
@@ -185,9 +222,13 @@ def choose_objective(runs) -> str | None:
     if not metrics:
         return None
     default = cv.objective(runs)
-    return st.selectbox("Objective", metrics, index=metrics.index(default) if default in metrics else 0,
-                        key=K("objective"), help="Best, min, max and last of this metric over every stored point "
-                                                  "(by default the metric the runs monitor).")
+    return st.selectbox(
+        "Objective",
+        metrics,
+        index=metrics.index(default) if default in metrics else 0,
+        key=K("objective"),
+        help="Best, min, max and last of this metric over every stored point (by default the metric the runs monitor).",
+    )
 
 
 def summary(runs, groups: list[cg.Group] | None) -> None:
@@ -197,12 +238,25 @@ def summary(runs, groups: list[cg.Group] | None) -> None:
     else:
         table = cv.summary_table(runs, choose_objective(runs))
         number = st.column_config.NumberColumn(format="%.4f")
-        st.dataframe(table, hide_index=True, width="stretch",
-                     column_config={**dict.fromkeys(cv.OBJECTIVE_COLUMNS, number), "best val/acc": number,
-                                    "lowest val/loss": number,
-                                    "time (s)": st.column_config.NumberColumn(format="%.1f")})
-    st.download_button("Summary as CSV", table.to_csv(index=False).encode(), file_name="compare-summary.csv",
-                       mime="text/csv", icon=":material/download:", key=K("summary_csv"))
+        st.dataframe(
+            table,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                **dict.fromkeys(cv.OBJECTIVE_COLUMNS, number),
+                "best val/acc": number,
+                "lowest val/loss": number,
+                "time (s)": st.column_config.NumberColumn(format="%.1f"),
+            },
+        )
+    st.download_button(
+        "Summary as CSV",
+        table.to_csv(index=False).encode(),
+        file_name="compare-summary.csv",
+        mime="text/csv",
+        icon=":material/download:",
+        key=K("summary_csv"),
+    )
 
 
 main()

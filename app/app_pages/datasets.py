@@ -3,7 +3,6 @@ and see the built-in datasets."""
 
 from __future__ import annotations
 
-
 import pandas as pd
 import streamlit as st
 
@@ -39,12 +38,19 @@ def upload_form() -> None:
     if stored:
         st.session_state[K("name")] = ""  # before the widget: a stored upload empties the form
     with st.container(border=True):
-        st.markdown(f"**Upload an ImageFolder zip** — one folder per class (`cat/1.jpg`, `dog/2.png`), optionally "
-                    f"inside one top folder; at most {ds.MAX_UPLOAD_MB} MB.")
-        name = st.text_input("Dataset name", key=K("name"), placeholder="e.g. pets",
-                             help="Letters, digits, '-', '_' and '.'; the zip's file name unless you give one.")
-        upload = st.file_uploader("Zip file", type=["zip"], key=_uploader_key(), on_change=_name_from_zip,
-                                  max_upload_size=ds.MAX_UPLOAD_MB)
+        st.markdown(
+            f"**Upload an ImageFolder zip** — one folder per class (`cat/1.jpg`, `dog/2.png`), optionally "
+            f"inside one top folder; at most {ds.MAX_UPLOAD_MB} MB."
+        )
+        name = st.text_input(
+            "Dataset name",
+            key=K("name"),
+            placeholder="e.g. pets",
+            help="Letters, digits, '-', '_' and '.'; the zip's file name unless you give one.",
+        )
+        upload = st.file_uploader(
+            "Zip file", type=["zip"], key=_uploader_key(), on_change=_name_from_zip, max_upload_size=ds.MAX_UPLOAD_MB
+        )
         submitted = st.button("Upload and check", icon=":material/upload:", key=K("submit"))
     if stored:
         st.success(stored, icon=":material/check_circle:")
@@ -68,15 +74,17 @@ def store(name: str, upload) -> None:
     total = sum(record.counts.values())
     st.session_state[K("stored")] = (
         f"Stored {f.md_text(record.name)}: {total} images in {len(record.classes)} classes. Runs use it as "
-        f"data.name=imagefolder, data.path={f.code_span(record.uri)}")
+        f"data.name=imagefolder, data.path={f.code_span(record.uri)}"
+    )
     st.session_state[K("gen")] = st.session_state.get(K("gen"), 0) + 1
     st.rerun()
 
 
 def train_link(dataset: str) -> None:
     """Opens New run with `dataset` chosen: a built-in's name, or an uploaded dataset's name."""
-    st.page_link(frame.NEW, label="Train on this dataset", query_params={"dataset": dataset},
-                 icon=":material/model_training:")
+    st.page_link(
+        frame.NEW, label="Train on this dataset", query_params={"dataset": dataset}, icon=":material/model_training:"
+    )
 
 
 def thumbnails(record) -> None:
@@ -94,17 +102,25 @@ def thumbnails(record) -> None:
     for i, (cls, path) in enumerate(made.shown):
         cols[i % 4].image(str(path), caption=f.md_text(cls), width="stretch")  # a caption renders Markdown
     if made.left_out:
-        st.caption(f"{made.left_out} image(s) not previewed: making their thumbnails would cost too much (runs "
-                   "train on them as usual).")
+        st.caption(
+            f"{made.left_out} image(s) not previewed: making their thumbnails would cost too much (runs "
+            "train on them as usual)."
+        )
 
 
 def preview(record) -> None:
-    st.markdown(f"**{f.md_text(record.name)}** · {f.code_span(record.uri)} · {sum(record.counts.values())} images · "
-                f"{len(record.classes)} classes")
+    st.markdown(
+        f"**{f.md_text(record.name)}** · {f.code_span(record.uri)} · {sum(record.counts.values())} images · "
+        f"{len(record.classes)} classes"
+    )
     left, right = st.columns([1, 1])
     counts = dict(sorted(record.counts.items()))
-    left.plotly_chart(charts.bar_figure("Images per class", list(counts), list(counts.values()), y_title="images",
-                                        uirevision=f"ds:{record.id}"), key=K(f"counts.{record.id}"))
+    left.plotly_chart(
+        charts.bar_figure(
+            "Images per class", list(counts), list(counts.values()), y_title="images", uirevision=f"ds:{record.id}"
+        ),
+        key=K(f"counts.{record.id}"),
+    )
     with right:
         thumbnails(record)
     st.code(f"data:\n  name: imagefolder\n  path: {record.uri}", language="yaml")
@@ -136,24 +152,43 @@ def builtin_section() -> None:
     rows = ds.builtin_datasets()
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     # None until one is chosen: digits' preview loads scikit-learn's copy, which no page load should wait for.
-    name = st.selectbox("Preview a built-in dataset", [r["name"] for r in rows], index=None, key=K("builtin"),
-                        placeholder="Choose one to preview it or train on it")
+    name = st.selectbox(
+        "Preview a built-in dataset",
+        [r["name"] for r in rows],
+        index=None,
+        key=K("builtin"),
+        placeholder="Choose one to preview it or train on it",
+    )
     if name is None:
         return
     if name == "digits":
         grid, counts = digits_samples()
-        st.markdown(f"**digits** · scikit-learn's load_digits · {sum(counts.values()):,} images · {len(counts)} "
-                    "classes · 8×8 gray")
+        st.markdown(
+            f"**digits** · scikit-learn's load_digits · {sum(counts.values()):,} images · {len(counts)} "
+            "classes · 8×8 gray"
+        )
         left, right = st.columns([1, 1])
-        left.plotly_chart(charts.bar_figure("Images per class", list(counts), list(counts.values()),
-                                            y_title="images", uirevision="ds:digits"), key=K("counts.digits"))
+        left.plotly_chart(
+            charts.bar_figure(
+                "Images per class", list(counts), list(counts.values()), y_title="images", uirevision="ds:digits"
+            ),
+            key=K("counts.digits"),
+        )
         right.image(grid, caption="The first 8 images of each digit, one row per class (enlarged 4×)")
     elif name == "synthetic":
         st.markdown(builtin.synthetic_description())
         counts = builtin.synthetic_counts()
-        st.plotly_chart(charts.bar_figure("Images per class with the defaults", list(counts), list(counts.values()),
-                                          y_title="images", uirevision="ds:synthetic", height=260),
-                        key=K("counts.synthetic"))
+        st.plotly_chart(
+            charts.bar_figure(
+                "Images per class with the defaults",
+                list(counts),
+                list(counts.values()),
+                y_title="images",
+                uirevision="ds:synthetic",
+                height=260,
+            ),
+            key=K("counts.synthetic"),
+        )
     elif builtin.is_torchvision(name):
         st.markdown(builtin.torchvision_description(name))
     st.code(f"data:\n  name: {name}", language="yaml")
@@ -169,10 +204,21 @@ def main() -> None:
         st.caption("No uploaded datasets yet.")
     else:
         owners = owner_labels((d.owner for d in records), engine=queries.engine())
-        df = pd.DataFrame([{"name": d.name, "status": d.status, "classes": len(d.classes),
-                            "images": sum(d.counts.values()), "owner": owners.get(d.owner, ""), "created": d.created_at,
-                            "folder": d.uri,
-                            "error": d.error or ""} for d in records])
+        df = pd.DataFrame(
+            [
+                {
+                    "name": d.name,
+                    "status": d.status,
+                    "classes": len(d.classes),
+                    "images": sum(d.counts.values()),
+                    "owner": owners.get(d.owner, ""),
+                    "created": d.created_at,
+                    "folder": d.uri,
+                    "error": d.error or "",
+                }
+                for d in records
+            ]
+        )
         st.dataframe(df, hide_index=True, width="stretch")
         names = [d.name for d in records]
         if st.session_state.get(K("pick")) not in names:

@@ -51,8 +51,9 @@ def forget_form() -> None:
 def presets_bar() -> None:
     files = sorted(PRESETS.glob("*.yaml"))
     left, mid, right = st.columns([2, 1, 3], vertical_alignment="bottom")
-    choice = left.selectbox("Preset", [p.stem for p in files], key=K("preset"), index=None,
-                            placeholder="choose a preset…")
+    choice = left.selectbox(
+        "Preset", [p.stem for p in files], key=K("preset"), index=None, placeholder="choose a preset…"
+    )
     if mid.button("Load preset", disabled=choice is None, key=K("load_preset")):
         try:
             spec = RunSpec.from_yaml((PRESETS / f"{choice}.yaml").read_text())
@@ -104,8 +105,9 @@ def dataset_from_query() -> None:
     elif any(d.name == name and d.status == "ready" for d in queries.datasets()):
         st.session_state[K("dataset")] = name
     else:
-        st.warning(f"No dataset {f.md_text(repr(name))} is ready to train on: choose one below.",
-                   icon=":material/dataset:")
+        st.warning(
+            f"No dataset {f.md_text(repr(name))} is ready to train on: choose one below.", icon=":material/dataset:"
+        )
 
 
 def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
@@ -129,26 +131,42 @@ def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
 def weights_picker() -> None:
     root = artifact_root()
     sources = {s.run.id: s for s in launch_hints.weight_sources(queries.engine(), root)}
-    st.selectbox("Start from a run's weights", list(sources), key=K("weights_from"), index=None,
-                 placeholder="a finished run…", format_func=lambda i: sources[i].label() if i in sources else i,
-                 on_change=apply_weights, args=(sources,),
-                 help="A finished run's best checkpoint becomes model.weights_file (its model too), and the new "
-                      "run is linked to it.")
+    st.selectbox(
+        "Start from a run's weights",
+        list(sources),
+        key=K("weights_from"),
+        index=None,
+        placeholder="a finished run…",
+        format_func=lambda i: sources[i].label() if i in sources else i,
+        on_change=apply_weights,
+        args=(sources,),
+        help="A finished run's best checkpoint becomes model.weights_file (its model too), and the new "
+        "run is linked to it.",
+    )
     chosen = sources.get(st.session_state.get(K("weights_from")))
     if chosen is not None and chosen.path is None:
-        st.warning(f"The best checkpoint of {f.md_text(chosen.run.name)} is only in the object store: the weights "
-                   f"must be on this host (under {f.md_text(root)}) to start from them.", icon=":material/cloud:")
+        st.warning(
+            f"The best checkpoint of {f.md_text(chosen.run.name)} is only in the object store: the weights "
+            f"must be on this host (under {f.md_text(root)}) to start from them.",
+            icon=":material/cloud:",
+        )
     elif chosen is not None:
-        st.caption(f"Starts from the best checkpoint of {f.md_text(chosen.run.name)}, and the new run is linked to "
-                   f"it. {launch_hints.SUGGESTION_NOTE}")
+        st.caption(
+            f"Starts from the best checkpoint of {f.md_text(chosen.run.name)}, and the new run is linked to "
+            f"it. {launch_hints.SUGGESTION_NOTE}"
+        )
 
 
 def dataset_picker() -> None:
     ready = [d for d in queries.datasets() if d.status == "ready"]
     options = [NO_DATASET] + [d.name for d in ready]
-    st.selectbox("Uploaded dataset", options, key=K("dataset"),
-                 help="An ImageFolder dataset uploaded on the Datasets page: sets data.name="
-                      f"{catalog.FOLDER_DATASET} and data.path to its stored folder.")
+    st.selectbox(
+        "Uploaded dataset",
+        options,
+        key=K("dataset"),
+        help="An ImageFolder dataset uploaded on the Datasets page: sets data.name="
+        f"{catalog.FOLDER_DATASET} and data.path to its stored folder.",
+    )
 
 
 def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
@@ -176,8 +194,14 @@ def launch(spec: RunSpec, slots: dict) -> None:
     """Submit through the gate of every new run (app.services.admission); a refused field is also said beside it."""
     owner, tags = owner_and_tags()
     try:
-        r = submit(spec, name=spec.name, owner=owner, tags=tags, parent_id=st.session_state.get(K("parent")),
-                            engine=queries.engine())
+        r = submit(
+            spec,
+            name=spec.name,
+            owner=owner,
+            tags=tags,
+            parent_id=st.session_state.get(K("parent")),
+            engine=queries.engine(),
+        )
     except (RuntimeError, ValueError) as e:
         if isinstance(e, SpecError):  # a path the run may not read, a field out of bounds
             spec_form.show_errors(slots, errors_by_field(list(e.errors))[0])
@@ -194,8 +218,10 @@ def show_preflight(spec: RunSpec) -> None:
     what = "shape check, sample grid" + (" and overfitting one batch" if overfit else "")
     with st.status(f"Pre-flight: {what}, in a separate process…") as status:
         result = jobs.preflight(spec, overfit=overfit)
-        status.update(label=f"Pre-flight {'done' if result.get('ok') else 'failed'}: see below",
-                      state="complete" if result.get("ok") else "error")
+        status.update(
+            label=f"Pre-flight {'done' if result.get('ok') else 'failed'}: see below",
+            state="complete" if result.get("ok") else "error",
+        )
     st.session_state[K("preflight")] = result
 
 
@@ -211,8 +237,9 @@ def relevance() -> tuple[Callable[[str], bool], dict]:
     an uploaded dataset: the catalog's folder dataset, its path given), and those values ({dotted field: value})."""
     values = flatten(spec_form.read()[0])
     swept = {x.path for x in new_sweep.swept()}
-    tries = {p: list(st.session_state.get(new_sweep.part_key(p, "values")) or []) for p in swept
-             if p in form_rules.CHOOSERS}
+    tries = {
+        p: list(st.session_state.get(new_sweep.part_key(p, "values")) or []) for p in swept if p in form_rules.CHOOSERS
+    }
     uploaded = st.session_state.get(K("dataset"), NO_DATASET) != NO_DATASET
     if uploaded:
         values["data.name"] = catalog.FOLDER_DATASET
@@ -250,26 +277,37 @@ def form(shown: Callable[[str], bool], values: dict):
             a, b, c = st.columns(3)
             with a:
                 spec_form.draw_field(spec_form.by_path("name"), slots)
-            b.text_input("Owner", key=K("owner"), disabled=auth.team_mode(),
-                         help="Who the run belongs to (filter on the Runs page)"
-                              + ("; in team mode, the signed-in user." if auth.team_mode() else "."))
+            b.text_input(
+                "Owner",
+                key=K("owner"),
+                disabled=auth.team_mode(),
+                help="Who the run belongs to (filter on the Runs page)"
+                + ("; in team mode, the signed-in user." if auth.team_mode() else "."),
+            )
             c.text_input("Tags", key=K("tags"), help="Comma-separated labels, e.g. baseline, lr-sweep.")
         above = [c for c in form_rules.CHOOSERS if shown(c)]  # drawn by choosers()
-        slots |= spec_form.render(draw=new_sweep.draw_field, shown=shown, skip=above,
-                                  unused_note=form_rules.choices_in_words(values))
+        slots |= spec_form.render(
+            draw=new_sweep.draw_field, shown=shown, skip=above, unused_note=form_rules.choices_in_words(values)
+        )
         sweep = new_sweep.section()
         hints_line(values)
         general_slot = st.empty()
-        st.checkbox("Pre-flight: also overfit one batch", key=K("overfit"),
-                    help=f"Trains a copy of the model for {PREFLIGHT_OVERFIT_STEPS} steps on one batch of "
-                         f"{PREFLIGHT_OVERFIT_BATCH} samples, on the CPU (at most {PREFLIGHT_OVERFIT_S:g} s): a "
-                         "healthy model, loss and labels memorise it. Its loss should fall.")
+        st.checkbox(
+            "Pre-flight: also overfit one batch",
+            key=K("overfit"),
+            help=f"Trains a copy of the model for {PREFLIGHT_OVERFIT_STEPS} steps on one batch of "
+            f"{PREFLIGHT_OVERFIT_BATCH} samples, on the CPU (at most {PREFLIGHT_OVERFIT_S:g} s): a "
+            "healthy model, loss and labels memorise it. Its loss should fall.",
+        )
         v, p, l_ = st.columns([1, 1, 1])
         validate_clicked = v.form_submit_button("Validate", icon=":material/rule:", width="stretch")
-        preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:",
-                                                 width="stretch")
-        launch_clicked = l_.form_submit_button("Launch run", type="secondary" if sweep.active else "primary",
-                                               icon=":material/rocket_launch:", width="stretch")
+        preflight_clicked = p.form_submit_button("Pre-flight check", icon=":material/flight_takeoff:", width="stretch")
+        launch_clicked = l_.form_submit_button(
+            "Launch run",
+            type="secondary" if sweep.active else "primary",
+            icon=":material/rocket_launch:",
+            width="stretch",
+        )
     return slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked)
 
 
@@ -289,8 +327,12 @@ def hints_line(values: dict) -> None:
 
 def unused_but_invalid(by_field: dict[str, list[str]], shown: Callable[[str], bool]) -> list[str]:
     """Errors of fields in the "Not used" expander, where they are easy to miss: also said with the others."""
-    return [f"{f.code_span(p)} ({f.md_text(spec_form.by_path(p).label)}, under *Not used*): "
-            + "; ".join(f.md_text(m) for m in msgs) for p, msgs in by_field.items() if not shown(p)]
+    return [
+        f"{f.code_span(p)} ({f.md_text(spec_form.by_path(p).label)}, under *Not used*): "
+        + "; ".join(f.md_text(m) for m in msgs)
+        for p, msgs in by_field.items()
+        if not shown(p)
+    ]
 
 
 def main() -> None:
@@ -308,8 +350,10 @@ def main() -> None:
     presets_bar()
     new_sweep.yaml_bar(load_into_form)
     if st.session_state.get(K("source")):
-        st.info(f"Form filled from {st.session_state[K('source')]}. Change anything, then launch.",
-                icon=":material/content_copy:")
+        st.info(
+            f"Form filled from {st.session_state[K('source')]}. Change anything, then launch.",
+            icon=":material/content_copy:",
+        )
     new_sweep.prepare()
     shown, values = relevance()
     slots, general_slot, sweep, (validate_clicked, preflight_clicked, launch_clicked) = form(shown, values)
@@ -329,16 +373,23 @@ def main() -> None:
         elif preflight_clicked:
             show_preflight(spec)
         elif validate_clicked:
-            st.success(f"Valid spec: queue '{run_queue(spec)}', hash {spec.spec_hash()[:12]}",
-                       icon=":material/check_circle:")
+            st.success(
+                f"Valid spec: queue '{run_queue(spec)}', hash {spec.spec_hash()[:12]}", icon=":material/check_circle:"
+            )
         if spec is not None and not launch_clicked and not sweep.launch:
             run_view.waiting_for(run_queue(spec))
     owner, tags = owner_and_tags()
     new_sweep.after_form(spec, sweep, slots, owner=owner, tags=tags)
     preflight_panel()
     if spec is not None:
-        st.download_button("Download spec as YAML", spec.to_yaml(), file_name=f"{spec.name or 'run'}.yaml",
-                           mime="application/yaml", icon=":material/download:", key=K("download"))
+        st.download_button(
+            "Download spec as YAML",
+            spec.to_yaml(),
+            file_name=f"{spec.name or 'run'}.yaml",
+            mime="application/yaml",
+            icon=":material/download:",
+            key=K("download"),
+        )
     else:
         st.caption("Fix the form's errors to download the spec as YAML.")
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.ui import frame, overview_view as ov
+from app.ui import frame
+from app.ui import overview_view as ov
 
 K = frame.page_state("overview")
 
@@ -27,8 +28,9 @@ def main() -> None:
     # spend much of their time faded although nothing in them is out of date.
     st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
     left, _ = st.columns([1, 3])
-    window = left.selectbox("Finished within", list(ov.WINDOWS), index=list(ov.WINDOWS).index(ov.DEFAULT_WINDOW),
-                            key=K("window"))
+    window = left.selectbox(
+        "Finished within", list(ov.WINDOWS), index=list(ov.WINDOWS).index(ov.DEFAULT_WINDOW), key=K("window")
+    )
     st.caption(f"Everyone's runs, refreshed every {ov.REFRESH_S:g} s.")
     st.fragment(live, run_every=ov.REFRESH_S)(window)
 

@@ -31,8 +31,9 @@ def pick_run() -> None:
         st.info("No runs yet: launch one from the **New run** page.", icon=":material/info:")
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
-    chosen = st.selectbox("Open a run", recent, format_func=f.run_label, index=None, key=K("pick"),
-                          placeholder="choose a recent run…")
+    chosen = st.selectbox(
+        "Open a run", recent, format_func=f.run_label, index=None, key=K("pick"), placeholder="choose a recent run…"
+    )
     if chosen is not None:
         st.query_params["id"] = chosen.id
         st.rerun()
@@ -40,8 +41,11 @@ def pick_run() -> None:
 
 def header(r) -> None:
     st.title(f.md_text(r.name))  # a name, an owner, a tag: shown as their text, never as Markdown
-    bits = [f"id {f.code_span(r.id)}", f"owner {f.md_text(owner_label(r.owner, queries.engine()))}",
-            f"created {r.created_at:%Y-%m-%d %H:%M}"]
+    bits = [
+        f"id {f.code_span(r.id)}",
+        f"owner {f.md_text(owner_label(r.owner, queries.engine()))}",
+        f"created {r.created_at:%Y-%m-%d %H:%M}",
+    ]
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
@@ -53,12 +57,18 @@ def header(r) -> None:
 def buttons(r) -> None:
     user = auth.current_user()
     mine = auth.can_modify(user, r)  # cancel, tags and notes: owner or admin only (the service refuses the others too)
-    wanted = ((["cancel"] if not r.finished else []) + ["clone"] + (["rerun"] if r.finished else [])
-              + ["compare", "seeds", "follow"] + (["organise"] if mine else []))
-    cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[:len(wanted)], strict=True))
+    wanted = (
+        (["cancel"] if not r.finished else [])
+        + ["clone"]
+        + (["rerun"] if r.finished else [])
+        + ["compare", "seeds", "follow"]
+        + (["organise"] if mine else [])
+    )
+    cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[: len(wanted)], strict=True))
     why = None if mine else f"only {f.md_text(owner_label(r.owner, queries.engine()))} or an admin may cancel it"
-    if "cancel" in cols and cols["cancel"].button("Cancel", icon=":material/stop_circle:", key=K("cancel"),
-                                                  disabled=not mine, help=why):
+    if "cancel" in cols and cols["cancel"].button(
+        "Cancel", icon=":material/stop_circle:", key=K("cancel"), disabled=not mine, help=why
+    ):
         try:
             cancel(r.id, engine=queries.engine(), by=user)
         except auth.PermissionDenied as e:
@@ -88,9 +98,14 @@ def follow_button(r, user: auth.User, container) -> None:
     """Follow or unfollow the run (anyone may follow any run): on every page, the sidebar then says when it ends."""
     following = any(row.run_id == r.id for row in frame.followed_runs())
     label, icon = ("Unfollow", ":material/notifications_off:") if following else ("Follow", ":material/notifications:")
-    if not container.button(label, icon=icon, key=K("follow"),
-                            help="Stop the notices about this run" if following else
-                            "Be told, on any page, when this run completes, fails or diverges"):
+    if not container.button(
+        label,
+        icon=icon,
+        key=K("follow"),
+        help="Stop the notices about this run"
+        if following
+        else "Be told, on any page, when this run completes, fails or diverges",
+    ):
         return
     try:
         (unfollow if following else follow)(r.id, queries.engine(), by=user)
@@ -106,11 +121,20 @@ def organise(r, user: auth.User, container) -> str | None:
     why a save was refused, or None."""
     with container.popover("Edit tags & notes", icon=":material/edit_note:", width="stretch"):
         with st.form(K(f"organise.{r.id}"), border=False):
-            tags = st.text_input("Tags", value=", ".join(r.tags), key=K(f"tags.{r.id}"),
-                                 help="Comma-separated; the Runs page filters and searches by them.")
-            notes = st.text_area("Notes", value=r.notes, key=K(f"notes.{r.id}"), max_chars=NOTES_LEN, height=200,
-                                 help="Plain text, shown as written (never as Markdown); the Runs page's search "
-                                      "finds it.")
+            tags = st.text_input(
+                "Tags",
+                value=", ".join(r.tags),
+                key=K(f"tags.{r.id}"),
+                help="Comma-separated; the Runs page filters and searches by them.",
+            )
+            notes = st.text_area(
+                "Notes",
+                value=r.notes,
+                key=K(f"notes.{r.id}"),
+                max_chars=NOTES_LEN,
+                height=200,
+                help="Plain text, shown as written (never as Markdown); the Runs page's search finds it.",
+            )
             saved = st.form_submit_button("Save", type="primary", icon=":material/save:")
     if not saved:
         return None
@@ -138,8 +162,15 @@ def live_status(run_id: str, was_active: bool) -> None:
 def chart_controls() -> tuple[str, float, int]:
     a, b, c = st.columns([2, 2, 1])
     xmode = a.segmented_control("x-axis", X_MODES, default="step", key=K("xmode")) or "step"
-    smoothing = b.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key=K("smooth"),
-                         help="Exponential moving average of per-step series (the raw series stays faint).")
+    smoothing = b.slider(
+        "Smoothing",
+        0.0,
+        0.99,
+        0.6,
+        0.01,
+        key=K("smooth"),
+        help="Exponential moving average of per-step series (the raw series stays faint).",
+    )
     cols = c.segmented_control("Columns", (1, 2, 3), default=2, key=K("cols")) or 2
     return xmode, smoothing, cols
 
@@ -208,7 +239,9 @@ def main() -> None:
     if active:
         # Streamlit fades the elements of a fragment while it reruns; refreshed every second, the
         # live parts would spend half their time faded although nothing in them is out of date.
-        st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important} [data-testid='stStatusWidget']{display:none !important}</style>")
+        st.html(
+            "<style>[data-stale='true']{opacity:1 !important;transition:none !important} [data-testid='stStatusWidget']{display:none !important}</style>"
+        )
     header(r)
     buttons(r)
     run_view.repeated_notice(r)
@@ -217,8 +250,9 @@ def main() -> None:
     status_every = 5.0 if live_feed.served() else 2.0
     st.fragment(live_status, run_every=max(every, status_every) if every else None)(r.id, active)
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
-    tabs = st.tabs(["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"),
-                   on_change="rerun")
+    tabs = st.tabs(
+        ["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"), on_change="rerun"
+    )
     charts_tab, details_tab, samples_tab, spec_tab, files_tab = tabs
     if charts_tab.open is not False:
         with charts_tab:

@@ -15,8 +15,16 @@ from db import repo
 from db.types import RUN_STATUSES, RunRecord
 
 K = frame.page_state("runs")
-SORTS = {"created": "created_at", "started": "started_at", "finished": "finished_at", "name": "name",
-         "status": "status", "owner": "owner", "val/acc (last)": "metric:val/acc", "val/loss (last)": "metric:val/loss"}
+SORTS = {
+    "created": "created_at",
+    "started": "started_at",
+    "finished": "finished_at",
+    "name": "name",
+    "status": "status",
+    "owner": "owner",
+    "val/acc (last)": "metric:val/acc",
+    "val/loss (last)": "metric:val/loss",
+}
 
 
 def flash(message: str, kind: str = "success") -> None:
@@ -38,11 +46,13 @@ def filters() -> tuple[dict, bool]:
     from_url("owner", K("owner"), lambda raw: raw if raw in owners else None)
     from_url("search", K("text"), lambda raw: raw or "")
     a, b, c, d, e, g = st.columns([2, 1.2, 1.2, 2, 1.3, 0.8], vertical_alignment="bottom")
-    status = a.multiselect("Status", RUN_STATUSES, key=K("status"), placeholder="any status",
-                           format_func=f.status_label)
+    status = a.multiselect(
+        "Status", RUN_STATUSES, key=K("status"), placeholder="any status", format_func=f.status_label
+    )
     tag = b.selectbox("Tag", tags, index=None, key=K("tag"), placeholder="any tag")
-    owner = c.selectbox("Owner", owners, index=None, key=K("owner"), placeholder="anyone",
-                        format_func=lambda key: labels.get(key, key))
+    owner = c.selectbox(
+        "Owner", owners, index=None, key=K("owner"), placeholder="anyone", format_func=lambda key: labels.get(key, key)
+    )
     text = d.text_input("Search", key=K("text"), placeholder="name, id, tag or notes…")
     sort = e.selectbox("Sort by", list(SORTS), key=K("sort"))
     descending = g.toggle("Desc.", value=True, key=K("desc"))
@@ -51,14 +61,25 @@ def filters() -> tuple[dict, bool]:
     h, j, i = st.columns([2.4, 4.3, 2], vertical_alignment="bottom")
     sweep_id = sweep_filter(h)
     expression = expression_filter(j)
-    grouped = i.toggle("Group sweeps and seed groups", key=K("group"), disabled=expression is not None,
-                       help="One row per sweep and per seed group (runs that differ only by seed), with their best "
-                            "objective as mean ± std (n); select a row to list its runs. Filtered to one sweep, its "
-                            "seed groups are the rows." + (" Not with a filter expression: clear it to group."
-                                                           if expression is not None else ""))
-    return {"status": status, "tag": [tag] if tag else [], "owner": owner, "text": text.strip() or None,
-            "sweep_id": sweep_id, "expression": expression, "sort": SORTS[sort],
-            "descending": descending}, grouped and expression is None
+    grouped = i.toggle(
+        "Group sweeps and seed groups",
+        key=K("group"),
+        disabled=expression is not None,
+        help="One row per sweep and per seed group (runs that differ only by seed), with their best "
+        "objective as mean ± std (n); select a row to list its runs. Filtered to one sweep, its "
+        "seed groups are the rows."
+        + (" Not with a filter expression: clear it to group." if expression is not None else ""),
+    )
+    return {
+        "status": status,
+        "tag": [tag] if tag else [],
+        "owner": owner,
+        "text": text.strip() or None,
+        "sweep_id": sweep_id,
+        "expression": expression,
+        "sort": SORTS[sort],
+        "descending": descending,
+    }, grouped and expression is None
 
 
 def from_url(param: str, key: str, parse) -> None:
@@ -80,10 +101,12 @@ def to_url(param: str, raw: str | None) -> None:
 
 
 EXAMPLE = "val/acc > 0.9 and optim.lr <= 1e-3"
-FILTER_HELP = ("Conditions joined by `and`: a metric (its last value; `max(val/acc)`, `min(val/loss)`) or a "
-               "spec field (`optim.lr`, `train.batch_size`, `model.name`) compared with `>` `>=` `<` `<=` `==` "
-               "`!=`, and `status`, `owner`, `tag`, `sweep`, `parent` with `==` or `!=`. For example "
-               f"`{EXAMPLE}` or `model.name == resnet18 and tag != baseline`. Quote a value with spaces.")
+FILTER_HELP = (
+    "Conditions joined by `and`: a metric (its last value; `max(val/acc)`, `min(val/loss)`) or a "
+    "spec field (`optim.lr`, `train.batch_size`, `model.name`) compared with `>` `>=` `<` `<=` `==` "
+    "`!=`, and `status`, `owner`, `tag`, `sweep`, `parent` with `==` or `!=`. For example "
+    f"`{EXAMPLE}` or `model.name == resnet18 and tag != baseline`. Quote a value with spaces."
+)
 
 
 def expression_filter(col) -> str | None:
@@ -112,12 +135,20 @@ def sweep_filter(col) -> str | None:
         st.session_state[K("sweep_url")] = wanted
         st.session_state[K("sweep")] = wanted if wanted in sweeps else None
         if wanted and wanted not in sweeps:
-            st.warning(f"No sweep {f.md_text(repr(wanted))}: it may have been deleted. Showing every sweep's runs.",
-                       icon=":material/filter_alt_off:")
+            st.warning(
+                f"No sweep {f.md_text(repr(wanted))}: it may have been deleted. Showing every sweep's runs.",
+                icon=":material/filter_alt_off:",
+            )
     if st.session_state.get(K("sweep")) not in sweeps:
         st.session_state[K("sweep")] = None
-    chosen = col.selectbox("Sweep", list(sweeps), index=None, key=K("sweep"), placeholder="any sweep",
-                           format_func=lambda i: f"{sweeps[i].name} · {sweeps[i].status}")
+    chosen = col.selectbox(
+        "Sweep",
+        list(sweeps),
+        index=None,
+        key=K("sweep"),
+        placeholder="any sweep",
+        format_func=lambda i: f"{sweeps[i].name} · {sweeps[i].status}",
+    )
     if chosen != wanted:
         if chosen:
             st.query_params["sweep"] = chosen
@@ -129,12 +160,25 @@ def sweep_filter(col) -> str | None:
 
 def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
     owners = owner_labels((r.owner for r in runs), engine=queries.engine())
-    return pd.DataFrame([{
-        "name": r.name, "status": f.status_label(r.status), "progress": r.progress or 0.0, "best": f.best_text(r),
-        "owner": owners.get(r.owner, r.owner), "worker": r.worker_id or "", "duration": f.seconds(f.duration_s(r)),
-        "tags": list(r.tags), "created": r.created_at, "open": f"run?id={r.id}", "id": r.id,
-    } for r in runs], columns=["name", "status", "progress", "best", "owner", "worker", "duration", "tags",
-                               "created", "open", "id"])
+    return pd.DataFrame(
+        [
+            {
+                "name": r.name,
+                "status": f.status_label(r.status),
+                "progress": r.progress or 0.0,
+                "best": f.best_text(r),
+                "owner": owners.get(r.owner, r.owner),
+                "worker": r.worker_id or "",
+                "duration": f.seconds(f.duration_s(r)),
+                "tags": list(r.tags),
+                "created": r.created_at,
+                "open": f"run?id={r.id}",
+                "id": r.id,
+            }
+            for r in runs
+        ],
+        columns=["name", "status", "progress", "best", "owner", "worker", "duration", "tags", "created", "open", "id"],
+    )
 
 
 COLUMNS = {
@@ -148,11 +192,18 @@ COLUMNS = {
 def table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     """The page's rows; returns the selected runs."""
     page = queries.runs_page(**query, limit=limit, offset=offset)
-    st.caption(f"{page.total:,} run(s) match · showing {offset + 1 if page.runs else 0:,}–"
-               f"{offset + len(page.runs):,}")
+    st.caption(f"{page.total:,} run(s) match · showing {offset + 1 if page.runs else 0:,}–{offset + len(page.runs):,}")
     df = frame_of(page.runs)
-    state = st.dataframe(df, hide_index=True, column_config=COLUMNS, on_select="rerun", selection_mode="multi-row",
-                         key=K("table"), width="stretch", height=min(38 + 35 * max(len(df), 1), 740))
+    state = st.dataframe(
+        df,
+        hide_index=True,
+        column_config=COLUMNS,
+        on_select="rerun",
+        selection_mode="multi-row",
+        key=K("table"),
+        width="stretch",
+        height=min(38 + 35 * max(len(df), 1), 740),
+    )
     rows = state.selection.rows if state is not None else []
     return [page.runs[i] for i in rows if i < len(page.runs)]
 
@@ -162,8 +213,11 @@ GROUP_COLUMNS = {
     **COLUMNS,
     "kind": st.column_config.TextColumn("kind", width="small"),
     "size": st.column_config.TextColumn("runs", help="A sweep's trials and runs, a seed group's runs"),
-    "best": st.column_config.TextColumn("best", help="A run's best monitored metric; a seed group's as mean ± std "
-                                                     "(n); a sweep's best completed trial (mean over its seeds)"),
+    "best": st.column_config.TextColumn(
+        "best",
+        help="A run's best monitored metric; a seed group's as mean ± std "
+        "(n); a sweep's best completed trial (mean over its seeds)",
+    ),
 }
 
 
@@ -188,11 +242,21 @@ def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     page = queries.units_page(**query, limit=limit, offset=offset)
     members = queries.unit_members(page.units)  # each row's runs: a sweep's, a seed group's (all of them), the run
     units = list(members.runs)
-    st.caption(f"{page.runs:,} run(s) match in {page.total:,} row(s) · showing {offset + 1 if units else 0:,}–"
-               f"{offset + len(page.units):,}")
+    st.caption(
+        f"{page.runs:,} run(s) match in {page.total:,} row(s) · showing {offset + 1 if units else 0:,}–"
+        f"{offset + len(page.units):,}"
+    )
     df = grouped_rows(members)
-    state = st.dataframe(df, hide_index=True, column_config=GROUP_COLUMNS, on_select="rerun", width="stretch",
-                         selection_mode="multi-row", key=K("gtable"), height=min(38 + 35 * max(len(df), 1), 740))
+    state = st.dataframe(
+        df,
+        hide_index=True,
+        column_config=GROUP_COLUMNS,
+        on_select="rerun",
+        width="stretch",
+        selection_mode="multi-row",
+        key=K("gtable"),
+        height=min(38 + 35 * max(len(df), 1), 740),
+    )
     picked = [units[i] for i in (state.selection.rows if state is not None else []) if i < len(units)]
     for u in picked:
         if u.kind != run_units.RUN:
@@ -201,11 +265,20 @@ def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
 
 
 def expand(u, runs: list[RunRecord], row) -> None:
-    with st.expander(f"{f.md_text(row['kind'])} {f.md_text(row['name'])}: {len(runs)} run(s)", expanded=True,
-                     icon=":material/unfold_more:"):
+    with st.expander(
+        f"{f.md_text(row['kind'])} {f.md_text(row['name'])}: {len(runs)} run(s)",
+        expanded=True,
+        icon=":material/unfold_more:",
+    ):
         shown = runs[:MEMBERS_SHOWN]
-        st.dataframe(frame_of(tuple(shown)), hide_index=True, column_config=COLUMNS, width="stretch",
-                     key=K(f"members.{u.id}"), height=min(38 + 35 * len(shown), 420))
+        st.dataframe(
+            frame_of(tuple(shown)),
+            hide_index=True,
+            column_config=COLUMNS,
+            width="stretch",
+            key=K(f"members.{u.id}"),
+            height=min(38 + 35 * len(shown), 420),
+        )
         if len(runs) > len(shown):
             st.caption(f"the first {len(shown)} of {len(runs)} runs; filter by the sweep to page through them all")
 
@@ -220,8 +293,9 @@ def action_bar(selected: list[RunRecord]) -> None:
     if cols[0].button("Open", disabled=n != 1, icon=":material/open_in_new:", key=K("open"), width="stretch"):
         frame.open_run(ids[0])
     active = [r for r in mine if not r.finished]
-    if cols[1].button("Cancel", disabled=not active, icon=":material/stop_circle:", key=K("cancel"),
-                      width="stretch", help=others):
+    if cols[1].button(
+        "Cancel", disabled=not active, icon=":material/stop_circle:", key=K("cancel"), width="stretch", help=others
+    ):
         done = 0
         for r in active:
             try:
@@ -236,8 +310,14 @@ def action_bar(selected: list[RunRecord]) -> None:
         rerun(selected)
     if cols[3].button("Clone", disabled=n != 1, icon=":material/content_copy:", key=K("clone"), width="stretch"):
         st.switch_page(frame.NEW, query_params={"clone": ids[0]})
-    if cols[4].button("Delete", disabled=n == 0 or len(mine) < n, icon=":material/delete:", key=K("delete"),
-                      width="stretch", help=others):
+    if cols[4].button(
+        "Delete",
+        disabled=n == 0 or len(mine) < n,
+        icon=":material/delete:",
+        key=K("delete"),
+        width="stretch",
+        help=others,
+    ):
         st.session_state[K("confirm")] = {r.id: f.run_label(r) for r in selected}  # id → what to call it
         st.rerun()  # the confirmation lives outside this fragment
     if cols[5].button("Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"):
@@ -261,12 +341,17 @@ def confirm_delete() -> None:
         return
     with st.container(border=True):
         named = ", ".join(f.md_text(label) for label in ids.values())  # names as their text, never Markdown
-        st.warning(f"Delete {len(ids)} run(s) — {named} — with their metrics, events and artifact files? "
-                   "This cannot be undone.", icon=":material/warning:")
+        st.warning(
+            f"Delete {len(ids)} run(s) — {named} — with their metrics, events and artifact files? "
+            "This cannot be undone.",
+            icon=":material/warning:",
+        )
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
             user = auth.current_user()
-            refused = [msg for run_id in ids if (msg := run_service.refused_removal(run_id, by=user, engine=queries.engine()))]
+            refused = [
+                msg for run_id in ids if (msg := run_service.refused_removal(run_id, by=user, engine=queries.engine()))
+            ]
             st.session_state.pop(K("confirm"))
             queries.clear()
             flash(f"deleted {len(ids) - len(refused)} run(s)")
@@ -285,8 +370,10 @@ def main() -> None:
     limit = 50
     runs_total = queries.runs_page(**query, limit=1).total
     if runs_total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text", "sweep_id", "expression")):
-        st.info("No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
-                icon=":material/info:")
+        st.info(
+            "No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
+            icon=":material/info:",
+        )
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
     unit_query = {k: v for k, v in query.items() if k != "expression"}  # grouped only without an expression

@@ -24,38 +24,64 @@ def list_sweeps() -> None:
     st.title("Sweeps")
     df = sv.listing()
     if df.empty:
-        st.info("No sweeps yet: on the **New run** page, tick **sweep** beside a numeric or choice field, or "
-                "load a sweep YAML there (or run `torchdeck sweep SPEC.yaml --space SPACE.yaml`).",
-                icon=":material/info:")
+        st.info(
+            "No sweeps yet: on the **New run** page, tick **sweep** beside a numeric or choice field, or "
+            "load a sweep YAML there (or run `torchdeck sweep SPEC.yaml --space SPACE.yaml`).",
+            icon=":material/info:",
+        )
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
     st.caption(f"{len(df)} sweep(s), newest first")
     cc = st.column_config
-    st.dataframe(df, hide_index=True, width="stretch", height=min(38 + 35 * len(df), 740), key=K("list"),
-                 column_config={"created": cc.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
-                                "open": cc.LinkColumn("open", display_text="open ↗", width="small")})
+    st.dataframe(
+        df,
+        hide_index=True,
+        width="stretch",
+        height=min(38 + 35 * len(df), 740),
+        key=K("list"),
+        column_config={
+            "created": cc.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+            "open": cc.LinkColumn("open", display_text="open ↗", width="small"),
+        },
+    )
 
 
 def header(v: sweeps.SweepView) -> None:
     s, spec = v.sweep, v.spec
     st.title(f.md_text(s.name))  # a user's name: its text, never Markdown
-    st.caption(" · ".join([f"id {f.code_span(s.id)}",
-                           f"owner {f.md_text(owner_label(s.owner, queries.engine()))}",
-                           f"created {s.created_at:%Y-%m-%d %H:%M}"]))
-    st.caption(" · ".join([f"method {f.code_span(spec.method)}",
-                           f"objective {f.code_span(spec.metric)} ({spec.mode})",
-                           f"{spec.trials} trials, {spec.budget.parallel} at once",
-                           f"pruner {f.code_span(spec.pruner.kind)}",
-                           f"{spec.seeds} seed(s) per configuration",
-                           "swept: " + ", ".join(f.code_span(p) for p in spec.space)]))
+    st.caption(
+        " · ".join(
+            [
+                f"id {f.code_span(s.id)}",
+                f"owner {f.md_text(owner_label(s.owner, queries.engine()))}",
+                f"created {s.created_at:%Y-%m-%d %H:%M}",
+            ]
+        )
+    )
+    st.caption(
+        " · ".join(
+            [
+                f"method {f.code_span(spec.method)}",
+                f"objective {f.code_span(spec.metric)} ({spec.mode})",
+                f"{spec.trials} trials, {spec.budget.parallel} at once",
+                f"pruner {f.code_span(spec.pruner.kind)}",
+                f"{spec.seeds} seed(s) per configuration",
+                "swept: " + ", ".join(f.code_span(p) for p in spec.space),
+            ]
+        )
+    )
 
 
 def cancel_button(v: sweeps.SweepView) -> None:
     """Only its owner or an admin may cancel a sweep: for anyone else the service refuses, and says why."""
     if v.sweep.finished:
         return
-    if st.button("Cancel sweep", icon=":material/stop_circle:", key=K("cancel"),
-                 help="End the sweep: no new trial starts, its queued and running runs are cancelled."):
+    if st.button(
+        "Cancel sweep",
+        icon=":material/stop_circle:",
+        key=K("cancel"),
+        help="End the sweep: no new trial starts, its queued and running runs are cancelled.",
+    ):
         try:
             sweeps.cancel_sweep(v.sweep.id, by=auth.current_user(), engine=queries.engine())
         except auth.PermissionDenied as e:
@@ -72,8 +98,10 @@ def status_line(v: sweeps.SweepView) -> None:
     if not v.sweep.finished:
         b.caption(f":material/autorenew: Live: this part of the page refreshes every {sv.REFRESH_S:g} s.")
     if sweeps.waits_for_room(v, queries.engine()):
-        b.caption(f":material/hourglass_top: The next trial waits: its owner has as many queued runs as this "
-                  f"dashboard allows ({v.sweep.max_queued} per person); it is queued once some of them start.")
+        b.caption(
+            f":material/hourglass_top: The next trial waits: its owner has as many queued runs as this "
+            f"dashboard allows ({v.sweep.max_queued} per person); it is queued once some of them start."
+        )
     elif v.sweep.finished_at is not None:
         b.caption(f"Ended {v.sweep.finished_at:%Y-%m-%d %H:%M:%S}: the page no longer refreshes.")
     if v.sweep.error:
@@ -84,26 +112,40 @@ def best_panel(v: sweeps.SweepView) -> None:
     b = v.best
     with st.container(border=True):
         if b is None:
-            st.caption("The best configuration appears here once a trial has completed; then it can be launched "
-                       "again as a new run or seed group.")
+            st.caption(
+                "The best configuration appears here once a trial has completed; then it can be launched "
+                "again as a new run or seed group."
+            )
             return
         left, right = st.columns([3, 1.2], vertical_alignment="bottom")
         value = mean_std_text(sv.run_bests(v.state, b.number))
         left.markdown(f"**Best so far: trial #{b.number}** · {f.md_text(v.spec.metric)} {f.md_text(value)}")
         left.markdown(sv.params_md(b.params, list(v.spec.space)))
         st.session_state.setdefault(K("best_seeds"), v.spec.seeds)
-        seeds = right.number_input("Seeds", min_value=1, max_value=20, step=1, key=K("best_seeds"),
-                                   help="1: one new run; more: a seed group (base seed, +1, …) shown as mean ± std.")
-        if right.button("Launch the best configuration", icon=":material/rocket_launch:", key=K("launch_best"),
-                        width="stretch"):
+        seeds = right.number_input(
+            "Seeds",
+            min_value=1,
+            max_value=20,
+            step=1,
+            key=K("best_seeds"),
+            help="1: one new run; more: a seed group (base seed, +1, …) shown as mean ± std.",
+        )
+        if right.button(
+            "Launch the best configuration", icon=":material/rocket_launch:", key=K("launch_best"), width="stretch"
+        ):
             launch_best(v, int(seeds))
     launched = st.session_state.get(K("launched"))
     if launched and launched[0] == v.sweep.id:
         ids = launched[1]
-        st.success(f"The best configuration is queued as a seed group of {len(ids)} runs.",
-                   icon=":material/check_circle:")
-        st.page_link(frame.COMPARE, label="Compare the group's runs", query_params={"ids": ",".join(ids)},
-                     icon=":material/compare_arrows:")
+        st.success(
+            f"The best configuration is queued as a seed group of {len(ids)} runs.", icon=":material/check_circle:"
+        )
+        st.page_link(
+            frame.COMPARE,
+            label="Compare the group's runs",
+            query_params={"ids": ",".join(ids)},
+            icon=":material/compare_arrows:",
+        )
 
 
 def launch_best(v: sweeps.SweepView, seeds: int) -> None:
@@ -123,11 +165,17 @@ def trials_table(v: sweeps.SweepView) -> None:
         st.caption("No trial yet: the first ones are queued as the sweep starts.")
         return
     st.markdown("**Trials**")
-    st.dataframe(sv.styled_trials(v), hide_index=True, width="stretch", column_config=sv.trial_columns(v),
-                 height=min(38 + 35 * len(v.outcomes), 600))
+    st.dataframe(
+        sv.styled_trials(v),
+        hide_index=True,
+        width="stretch",
+        column_config=sv.trial_columns(v),
+        height=min(38 + 35 * len(v.outcomes), 600),
+    )
     if any(o.state == "pruned" for o in v.outcomes):
-        st.caption("Shaded rows: trials the pruner stopped early (why pruned says why); their runs' status is "
-                   "`pruned`.")
+        st.caption(
+            "Shaded rows: trials the pruner stopped early (why pruned says why); their runs' status is `pruned`."
+        )
 
 
 def charts_grid(v: sweeps.SweepView) -> None:
@@ -150,8 +198,10 @@ def charts_grid(v: sweeps.SweepView) -> None:
         if values:
             st.plotly_chart(sv.importance_figure(v, values), key=K("importance"), config=CONFIG)
         else:
-            st.caption("Parameter importances (Optuna's fANOVA) appear once two trials with different parameters "
-                       "have completed.")
+            st.caption(
+                "Parameter importances (Optuna's fANOVA) appear once two trials with different parameters "
+                "have completed."
+            )
 
 
 def live(sweep_id: str, was_running: bool) -> None:
@@ -170,8 +220,14 @@ def live(sweep_id: str, was_running: bool) -> None:
 def spec_panel(v: sweeps.SweepView) -> None:
     with st.expander("Sweep spec (YAML)", icon=":material/description:"):
         text = v.spec.to_yaml()
-        st.download_button("Download the sweep as YAML", text, file_name="sweep.yaml", mime="application/yaml",
-                           icon=":material/download:", key=K("yaml"))
+        st.download_button(
+            "Download the sweep as YAML",
+            text,
+            file_name="sweep.yaml",
+            mime="application/yaml",
+            icon=":material/download:",
+            key=K("yaml"),
+        )
         st.code(text, language="yaml")
 
 

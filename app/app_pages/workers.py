@@ -55,10 +55,19 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
     now = f.now()
     for w in workers:
         age = f.age_s(w.heartbeat_at)
-        rows.append({"state": "alive" if is_alive(w, now) else "silent", "worker": w.id,  # doctor's rule
-                     "host": w.hostname, "takes": takes_text(w), "queues": ", ".join(w.queues), "devices": devices_text(w),
-                     "heartbeat age": f.seconds(age), "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
-                     "up since": w.started_at})
+        rows.append(
+            {
+                "state": "alive" if is_alive(w, now) else "silent",
+                "worker": w.id,  # doctor's rule
+                "host": w.hostname,
+                "takes": takes_text(w),
+                "queues": ", ".join(w.queues),
+                "devices": devices_text(w),
+                "heartbeat age": f.seconds(age),
+                "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
+                "up since": w.started_at,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -70,8 +79,18 @@ def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
     for r in queued:
         queue = queue_of(r.spec)
         seen[queue] = seen.get(queue, 0) + 1
-        rows.append({"position": seen[queue], "queue": queue, "run": r.name, "status": f.status_label(r.status),
-                     "owner": owners.get(r.owner, r.owner), "waiting": f.seconds(f.age_s(r.created_at)), "open": f"run?id={r.id}", "id": r.id})
+        rows.append(
+            {
+                "position": seen[queue],
+                "queue": queue,
+                "run": r.name,
+                "status": f.status_label(r.status),
+                "owner": owners.get(r.owner, r.owner),
+                "waiting": f.seconds(f.age_s(r.created_at)),
+                "open": f"run?id={r.id}",
+                "id": r.id,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -79,19 +98,32 @@ def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
 def live() -> None:
     workers = queries.workers()
     if not workers:
-        st.info("No worker has registered yet. Start one with `torchdeck worker` (or `make up`, which starts one).",
-                icon=":material/info:")
+        st.info(
+            "No worker has registered yet. Start one with `torchdeck worker` (or `make up`, which starts one).",
+            icon=":material/info:",
+        )
     else:
-        st.dataframe(workers_frame(workers), hide_index=True, width="stretch", placeholder=f.EMPTY, column_config={
-            "current run": st.column_config.LinkColumn("current run", display_text=r"run\?id=(.*)"),
-            "up since": st.column_config.DatetimeColumn("up since", format="YYYY-MM-DD HH:mm")})
+        st.dataframe(
+            workers_frame(workers),
+            hide_index=True,
+            width="stretch",
+            placeholder=f.EMPTY,
+            column_config={
+                "current run": st.column_config.LinkColumn("current run", display_text=r"run\?id=(.*)"),
+                "up since": st.column_config.DatetimeColumn("up since", format="YYYY-MM-DD HH:mm"),
+            },
+        )
     st.subheader("Queue")
     queued = queries.queued_runs()
     if not queued:
         st.caption("The queue is empty.")
         return
-    st.dataframe(queue_frame(queued), hide_index=True, width="stretch", column_config={
-        "open": st.column_config.LinkColumn("open", display_text="open ↗")})
+    st.dataframe(
+        queue_frame(queued),
+        hide_index=True,
+        width="stretch",
+        column_config={"open": st.column_config.LinkColumn("open", display_text="open ↗")},
+    )
 
 
 def main() -> None:

@@ -20,14 +20,20 @@ from app.cli.sweep import sweep as sweep_command
 from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
 from core.redact import redact_logs
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="torchdeck: train, watch, compare and export image classifiers."
+)
 
 
 @app.command()
 def train(
     spec: Annotated[Path, typer.Argument(help="A run spec in YAML (see configs/).")],
-    out: Annotated[Path, typer.Option("--out", help="Run folder: spec, metrics, checkpoints, exports.")] = Path("runs/latest"),
-    overrides: Annotated[list[str], typer.Option("--set", help="Override a field: --set train.epochs=5 (repeatable).")] = [],  # noqa: B006
+    out: Annotated[Path, typer.Option("--out", help="Run folder: spec, metrics, checkpoints, exports.")] = Path(
+        "runs/latest"
+    ),
+    overrides: Annotated[
+        list[str], typer.Option("--set", help="Override a field: --set train.epochs=5 (repeatable).")
+    ] = [],  # noqa: B006
     resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoints/last.pt.")] = False,
 ) -> None:
     """Train locally from a YAML spec, with a progress bar; no database, broker or UI needed."""
@@ -47,8 +53,10 @@ def train(
         jsonl.close()
         console.close()
     best = summary.get("best") or {}
-    typer.echo(f"status: {summary['status']}  best {best.get('metric', '-')}: {best.get('value', float('nan')):.4f} "
-               f"(epoch {best.get('epoch', '-')})  epochs: {summary['epochs_run']}  time: {summary['wall_time_s']:.1f}s")
+    typer.echo(
+        f"status: {summary['status']}  best {best.get('metric', '-')}: {best.get('value', float('nan')):.4f} "
+        f"(epoch {best.get('epoch', '-')})  epochs: {summary['epochs_run']}  time: {summary['wall_time_s']:.1f}s"
+    )
     typer.echo(f"outputs: {out}")
     if summary["status"] not in SUCCESS_STATUSES:
         raise typer.Exit(1)
@@ -73,8 +81,12 @@ def export_cmd(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     unknown = [f for f in fmts if f not in EXPORT_FORMATS]
     if unknown or checkpoint not in CHECKPOINT_FILES:
-        typer.secho(f"unknown format(s) {unknown} (allowed: {', '.join(EXPORT_FORMATS)}) or checkpoint {checkpoint!r} "
-                    "(allowed: best, last)", fg="red", err=True)
+        typer.secho(
+            f"unknown format(s) {unknown} (allowed: {', '.join(EXPORT_FORMATS)}) or checkpoint {checkpoint!r} "
+            "(allowed: best, last)",
+            fg="red",
+            err=True,
+        )
         raise typer.Exit(2)
     from core.train import export_run
 
@@ -87,9 +99,11 @@ def export_cmd(
     for fmt in fmts:
         r = report["formats"].get(fmt, {})
         mark = "ok  " if ok.get(fmt) else "FAIL"
-        typer.echo(f"{mark} {fmt:12s} max|Δ| {r.get('parity', {}).get('max_abs_diff', float('nan')):.2e}  "
-                   f"top-1 agreement {r.get('parity', {}).get('top1_agreement', float('nan')):.1f}%  "
-                   + (f"error: {r.get('error')}" if r.get("error") else ""))
+        typer.echo(
+            f"{mark} {fmt:12s} max|Δ| {r.get('parity', {}).get('max_abs_diff', float('nan')):.2e}  "
+            f"top-1 agreement {r.get('parity', {}).get('top1_agreement', float('nan')):.1f}%  "
+            + (f"error: {r.get('error')}" if r.get("error") else "")
+        )
     typer.echo(f"written: {run_dir / 'export'}")
     if not all(ok.values()):
         raise typer.Exit(1)

@@ -14,8 +14,14 @@ class ConsoleSink:
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.bar = Progress(
-            TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-            TextColumn("{task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=self.console,
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TextColumn("{task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
         )
         self.task = self.bar.add_task("train", total=None, loss="")
         self.bar.start()

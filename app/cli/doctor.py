@@ -100,32 +100,50 @@ def check_database() -> tuple[Check, object | None]:
 
     url = database_url()
     shown = _shown_db(url)
-    env_hint = "TORCHDECK_DATABASE_URL" if os.environ.get("TORCHDECK_DATABASE_URL") else "TORCHDECK_DATABASE_URL (unset: the local SQLite file)"
+    env_hint = (
+        "TORCHDECK_DATABASE_URL"
+        if os.environ.get("TORCHDECK_DATABASE_URL")
+        else "TORCHDECK_DATABASE_URL (unset: the local SQLite file)"
+    )
     try:
         engine = make_engine(_with_connect_timeout(url))
     except Exception as e:  # noqa: BLE001 - an unsupported or malformed URL
-        return Check("database", False, f"{shown}: {_first_line(e)}",
-                     f"set {env_hint} to postgresql://USER:PASSWORD@HOST:5432/DB or sqlite:////path/torchdeck.db"), None
+        return Check(
+            "database",
+            False,
+            f"{shown}: {_first_line(e)}",
+            f"set {env_hint} to postgresql://USER:PASSWORD@HOST:5432/DB or sqlite:////path/torchdeck.db",
+        ), None
     try:
         with engine.connect():
             pass
     except Exception as e:  # noqa: BLE001 - refused, unknown host, bad password, missing database, ...
-        return Check("database", False, f"cannot connect to {shown}: {_first_line(e)}",
-                     f"check host, port, user, password and database name in {env_hint}, and that the server "
-                     "is running (team mode: `docker compose ps postgres`)"), None
+        return Check(
+            "database",
+            False,
+            f"cannot connect to {shown}: {_first_line(e)}",
+            f"check host, port, user, password and database name in {env_hint}, and that the server "
+            "is running (team mode: `docker compose ps postgres`)",
+        ), None
     head = head_revision()
     try:
         current = current_revision(engine)
     except Exception as e:  # noqa: BLE001
-        return Check("database", False, f"{shown}: cannot read the schema revision: {_first_line(e)}",
-                     "check that this user may read the database"), None
+        return Check(
+            "database",
+            False,
+            f"{shown}: cannot read the schema revision: {_first_line(e)}",
+            "check that this user may read the database",
+        ), None
     if current != head:
         if current is None:
             detail = f"{shown}: reachable, but it has no torchdeck tables (this version needs schema {head})"
         else:
             detail = f"{shown}: schema revision {current}, this version needs {head}"
-        fix = ("run `torchdeck db upgrade` with the same TORCHDECK_DATABASE_URL "
-               "(team mode: `docker compose run --rm migrate`)")
+        fix = (
+            "run `torchdeck db upgrade` with the same TORCHDECK_DATABASE_URL "
+            "(team mode: `docker compose run --rm migrate`)"
+        )
         from db.migrate import _known
 
         if current is not None and not _known(current):
@@ -143,13 +161,15 @@ def check_broker() -> tuple[Check, dict[str, int]]:
 
     url = broker_url()
     shown = _shown_broker(url)
-    fix = ("start Redis (team mode: `docker compose up -d redis`; local: `torchdeck up`) or set "
-           "TORCHDECK_BROKER_URL to a reachable one, e.g. redis://:PASSWORD@HOST:6379/0")
+    fix = (
+        "start Redis (team mode: `docker compose up -d redis`; local: `torchdeck up`) or set "
+        "TORCHDECK_BROKER_URL to a reachable one, e.g. redis://:PASSWORD@HOST:6379/0"
+    )
     if not url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
         return Check("broker", False, f"{shown}: unsupported broker URL", fix), {}
     import redis
 
-    client_url = "unix://" + url[len("redis+socket://"):] if url.startswith("redis+socket://") else url
+    client_url = "unix://" + url[len("redis+socket://") :] if url.startswith("redis+socket://") else url
     try:
         client = redis.Redis.from_url(client_url, socket_connect_timeout=3, socket_timeout=3)  # connects lazily
     except ValueError as e:
@@ -160,8 +180,12 @@ def check_broker() -> tuple[Check, dict[str, int]]:
         # The multi-GPU queues (gpu-x2 ..) are named only when a message waits there: most hosts have none.
         waiting.update({q: n for q in multi_gpu_queues(MAX_RUN_GPUS) if (n := int(client.llen(q)))})
     except redis.AuthenticationError as e:
-        return Check("broker", False, f"{shown}: Redis refused the password: {_first_line(e)}",
-                     "put Redis's password (REDIS_PASSWORD) in TORCHDECK_BROKER_URL: redis://:PASSWORD@HOST:6379/0"), {}
+        return Check(
+            "broker",
+            False,
+            f"{shown}: Redis refused the password: {_first_line(e)}",
+            "put Redis's password (REDIS_PASSWORD) in TORCHDECK_BROKER_URL: redis://:PASSWORD@HOST:6379/0",
+        ), {}
     except Exception as e:  # noqa: BLE001 - refused, timeout, unknown host, ...
         return Check("broker", False, f"cannot reach {shown}: {_first_line(e)}", fix), {}
     finally:
@@ -187,9 +211,8 @@ def _device_text(devices) -> str:
 def check_workers(engine) -> list[Check]:
     """Workers whose heartbeat is fresh, what they consume and which devices they see; a queue with
     runs waiting and nobody consuming it is a failure."""
-    from db.repo import list_runs, list_workers
-
     from app.services.broker import heartbeat_age_s, is_alive, stale_after_s
+    from db.repo import list_runs, list_workers
 
     stale_after = stale_after_s()
     now = datetime.now(UTC)
@@ -197,39 +220,72 @@ def check_workers(engine) -> list[Check]:
         workers = list_workers(engine)
         queued = list_runs(engine, status="queued", limit=1000).runs
     except Exception as e:  # noqa: BLE001
-        return [Check("workers", False, f"cannot read the worker table: {_first_line(e)}",
-                      "run `torchdeck db upgrade`, then `torchdeck doctor` again")]
+        return [
+            Check(
+                "workers",
+                False,
+                f"cannot read the worker table: {_first_line(e)}",
+                "run `torchdeck db upgrade`, then `torchdeck doctor` again",
+            )
+        ]
     live, stale = [], []
     for w in workers:  # the Workers page's rule (app.services.broker.is_alive)
         (live if is_alive(w, now) else stale).append((w, heartbeat_age_s(w, now)))
-    start_fix = ("start one: team mode `docker compose up -d worker-gpu worker-cpu` (or on a GPU host "
-                 "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`")
+    start_fix = (
+        "start one: team mode `docker compose up -d worker-gpu worker-cpu` (or on a GPU host "
+        "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`"
+    )
     checks: list[Check] = []
     for w, age in live:
         gpu_queue = gpus_offered(w.queues) > 0  # gpu, or the gpu-xN queues of a multi-GPU worker
         has_gpu = any(d.get("kind") == "gpu" for d in w.devices)
         ok = has_gpu or not gpu_queue
-        checks.append(Check(
-            f"worker {w.id}", ok,
-            f"on {w.hostname}, queues {', '.join(w.queues) or '-'}, {_device_text(w.devices)}, "
-            f"heartbeat {age:.0f} s ago" + (f", running {w.current_run_id}" if w.current_run_id else ""),
-            "" if ok else "it consumes a gpu queue but sees no GPU: give its container the NVIDIA runtime "
-            "(deploy.resources.reservations.devices in docker-compose.yml, NVIDIA Container Toolkit on the "
-            "host) and check CUDA_VISIBLE_DEVICES"))
-    stale_note = [f"{len(stale)} worker(s) not seen for more than {stale_after:.0f} s (stopped or gone): "
-                  + ", ".join(w.id for w, _ in stale[:5])] if stale else []
+        checks.append(
+            Check(
+                f"worker {w.id}",
+                ok,
+                f"on {w.hostname}, queues {', '.join(w.queues) or '-'}, {_device_text(w.devices)}, "
+                f"heartbeat {age:.0f} s ago" + (f", running {w.current_run_id}" if w.current_run_id else ""),
+                ""
+                if ok
+                else "it consumes a gpu queue but sees no GPU: give its container the NVIDIA runtime "
+                "(deploy.resources.reservations.devices in docker-compose.yml, NVIDIA Container Toolkit on the "
+                "host) and check CUDA_VISIBLE_DEVICES",
+            )
+        )
+    stale_note = (
+        [
+            f"{len(stale)} worker(s) not seen for more than {stale_after:.0f} s (stopped or gone): "
+            + ", ".join(w.id for w, _ in stale[:5])
+        ]
+        if stale
+        else []
+    )
     if not live:
-        checks.append(Check("workers", False, f"no worker has sent a heartbeat in the last {stale_after:.0f} s",
-                            start_fix, stale_note))
+        checks.append(
+            Check(
+                "workers",
+                False,
+                f"no worker has sent a heartbeat in the last {stale_after:.0f} s",
+                start_fix,
+                stale_note,
+            )
+        )
         return checks
     consumed = {q for w, _ in live for q in w.queues}
     checks.append(_queues_check([w for w, _ in live], queued, start_fix, stale_note))
     if JOBS_QUEUE not in consumed:
-        checks.append(Check("jobs", False, "no live worker serves the jobs queue: the dashboard's pre-flight and "
-                            "'Export now' wait for one wherever the dashboard cannot run them itself (the "
-                            "torch-free team image, or a run trained on another host)",
-                            "`torchdeck worker` starts a jobs worker next to its run workers (unless --no-jobs); "
-                            "team mode: `docker compose up -d worker-cpu`"))
+        checks.append(
+            Check(
+                "jobs",
+                False,
+                "no live worker serves the jobs queue: the dashboard's pre-flight and "
+                "'Export now' wait for one wherever the dashboard cannot run them itself (the "
+                "torch-free team image, or a run trained on another host)",
+                "`torchdeck worker` starts a jobs worker next to its run workers (unless --no-jobs); "
+                "team mode: `docker compose up -d worker-cpu`",
+            )
+        )
     return checks
 
 
@@ -268,11 +324,17 @@ def check_artifacts() -> Check:
     try:
         result = open_store(location).check()  # never raises for I/O; StoreError for a bad URL
     except Exception as e:  # noqa: BLE001
-        return Check("artifacts", False, f"{location}: {_first_line(e)}",
-                     "set TORCHDECK_ARTIFACTS to a folder or s3://bucket/prefix")
+        return Check(
+            "artifacts",
+            False,
+            f"{location}: {_first_line(e)}",
+            "set TORCHDECK_ARTIFACTS to a folder or s3://bucket/prefix",
+        )
     if result.ok:
         return Check("artifacts", True, f"{result.url}: write, read back and delete work")
-    return Check("artifacts", False, result.message, result.fix or "set TORCHDECK_ARTIFACTS to a store this host can write")
+    return Check(
+        "artifacts", False, result.message, result.fix or "set TORCHDECK_ARTIFACTS to a store this host can write"
+    )
 
 
 # --- sign-in --------------------------------------------------------------------------------------
@@ -290,18 +352,26 @@ def check_sign_in() -> Check | None:
         return None
     missing = auth.missing_config()
     if missing:
-        return Check("sign-in", False, f"{auth.MODE_ENV}=team, but {', '.join(missing)} not set",
-                     "register torchdeck as an OpenID Connect client with your provider (redirect URI "
-                     "https://<dashboard>/oauth2callback) and set those variables (see .env.example)")
+        return Check(
+            "sign-in",
+            False,
+            f"{auth.MODE_ENV}=team, but {', '.join(missing)} not set",
+            "register torchdeck as an OpenID Connect client with your provider (redirect URI "
+            "https://<dashboard>/oauth2callback) and set those variables (see .env.example)",
+        )
     admins = ", ".join(sorted(auth.admins())) or "none (set TORCHDECK_ADMINS)"
-    check = Check("sign-in", True, f"team mode, OpenID Connect client {os.environ[auth.OIDC_ENV['client_id']]}; admins: {admins}")
+    check = Check(
+        "sign-in", True, f"team mode, OpenID Connect client {os.environ[auth.OIDC_ENV['client_id']]}; admins: {admins}"
+    )
     rules = auth.allow_list()
     if rules:
         listed = "; ".join(f"{env}={','.join(entries)}" for env, entries in rules.items())
         check.notes.append(f"members: the admins and who matches {listed}")
     else:
-        check.notes.append(f"warning: no allow-list ({', '.join(auth.ALLOW_ENVS)}): everyone who can sign in at the "
-                           "provider is a member of this dashboard")
+        check.notes.append(
+            f"warning: no allow-list ({', '.join(auth.ALLOW_ENVS)}): everyone who can sign in at the "
+            "provider is a member of this dashboard"
+        )
     return check
 
 

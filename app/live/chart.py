@@ -240,16 +240,22 @@ def chart(title: str, fig: dict | go.Figure) -> Chart:
         fig = fig.to_plotly_json()
     layout = {**fig["layout"], "font": FONT, "paper_bgcolor": CLEAR, "plot_bgcolor": CLEAR}
     layout.pop("template", None)
-    spec = orjson.dumps({"data": fig["data"], "layout": layout}, default=_plotly_default,
-                        option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    spec = orjson.dumps(
+        {"data": fig["data"], "layout": layout}, default=_plotly_default, option=orjson.OPT_SERIALIZE_NUMPY
+    ).decode()
     return Chart(title, spec, hashlib.blake2b(spec.encode(), digest_size=10).hexdigest())
 
 
 @lru_cache(maxsize=1)
 def _component():
     source = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    template = "const TEMPLATE = " + orjson.dumps(pio.templates["plotly_white"].to_plotly_json(), default=_plotly_default,
-                                                  option=orjson.OPT_SERIALIZE_NUMPY).decode() + ";\n"
+    template = (
+        "const TEMPLATE = "
+        + orjson.dumps(
+            pio.templates["plotly_white"].to_plotly_json(), default=_plotly_default, option=orjson.OPT_SERIALIZE_NUMPY
+        ).decode()
+        + ";\n"
+    )
     tag = hashlib.sha256((_INDEX + template + plotly.__version__).encode()).hexdigest()[:12]
     cache = (data_home() / "cache").resolve()
     cache.mkdir(parents=True, exist_ok=True)
@@ -272,8 +278,9 @@ def asked_again(key: str) -> bool:
     return need is not None and need != st.session_state.get(f"{key}.need")
 
 
-def live_charts(figures: list[Chart | tuple[str, dict | go.Figure]], *, columns: int, key: str,
-                feed: dict[str, str] | None = None) -> None:
+def live_charts(
+    figures: list[Chart | tuple[str, dict | go.Figure]], *, columns: int, key: str, feed: dict[str, str] | None = None
+) -> None:
     """Draw the charts in a grid of `columns`; later calls with the same key update the same charts in
     place (matched by title), sending a figure with the next RESENDS refreshes after it changed and by
     its stamp only after that. With `feed` ({"path": the dashboard's live route, "grant": a grant of it; see

@@ -72,9 +72,16 @@ class Grants:
     """The grants this process honours. `clock` and `alive` (is a session still there) are parameters so that
     the rules can be tested without waiting hours."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, alive: Callable[[str], bool] = session_alive, *,
-                 limit: int = MAX_GRANTS, per_session: int = GRANTS_PER_SESSION, idle_s: float = GRANT_IDLE_S,
-                 max_age_s: float = GRANT_MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        alive: Callable[[str], bool] = session_alive,
+        *,
+        limit: int = MAX_GRANTS,
+        per_session: int = GRANTS_PER_SESSION,
+        idle_s: float = GRANT_IDLE_S,
+        max_age_s: float = GRANT_MAX_AGE_S,
+    ) -> None:
         self.clock, self.alive = clock, alive
         self.limit, self.per_session, self.idle_s, self.max_age_s = limit, per_session, idle_s, max_age_s
         self._lock = threading.Lock()
@@ -90,7 +97,7 @@ class Grants:
         with self._lock:
             now = self.clock()
             own = [t for t, g in self._grants.items() if g.session == session]  # oldest first (insertion order)
-            for t in own[:max(0, len(own) - self.per_session + 1)]:  # this session's oldest make room
+            for t in own[: max(0, len(own) - self.per_session + 1)]:  # this session's oldest make room
                 del self._grants[t]
             if len(self._grants) >= self.limit:
                 for t in [t for t, g in self._grants.items() if not self._current(g, now)]:
@@ -216,8 +223,12 @@ async def _changes(request, g: Grant, have: set[str]) -> dict:
 def _error(status: int, why: str, **headers: str):
     from starlette.responses import Response
 
-    return Response(orjson.dumps({"error": why}), status_code=status, media_type="application/json",
-                    headers={"Cache-Control": "no-store", **headers})
+    return Response(
+        orjson.dumps({"error": why}),
+        status_code=status,
+        media_type="application/json",
+        headers={"Cache-Control": "no-store", **headers},
+    )
 
 
 async def serve(request, grants: Grants, polls: Polls):

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 from sqlalchemy import Engine
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from db import repo
 
@@ -47,8 +47,12 @@ class SharedRun:
             grown = {key: count for key, count in counts.items() if self.counts.get(key) != count}
             if grown:
                 # First read, or time to downsample again: the whole series; else the points after the last held.
-                since = {key: None if not self.steps.get(key) or len(self.steps[key]) > 2 * LIVE_POINTS
-                         else self.steps[key][-1] for key in grown}
+                since = {
+                    key: None
+                    if not self.steps.get(key) or len(self.steps[key]) > 2 * LIVE_POINTS
+                    else self.steps[key][-1]
+                    for key in grown
+                }
                 for key, s in repo.series_many(engine, self.run_id, since, max_points=LIVE_POINTS).items():
                     if since[key] is None:
                         self.steps[key], self.values[key] = list(s.steps), list(s.values)
@@ -67,8 +71,9 @@ class SharedRun:
                 self._latest = (time.monotonic(), counts)
             return counts
 
-    def wait_for_growth(self, engine: Engine, seen: dict[str, int], timeout_s: float,
-                        interrupted: Callable[[], bool]) -> None:
+    def wait_for_growth(
+        self, engine: Engine, seen: dict[str, int], timeout_s: float, interrupted: Callable[[], bool]
+    ) -> None:
         """Return once a series has grown past `seen`, `interrupted()` says so, or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not interrupted():

@@ -36,7 +36,7 @@ def digits_samples(per_class: int = 8, scale: int = 4, gap: int = 2) -> tuple[by
             ink = (255 - d.images[index] / 16.0 * 255).round().astype(np.uint8)  # dark digits on white
             big = np.kron(ink, np.ones((scale, scale), dtype=np.uint8))
             top, left = row * (cell + gap), col * (cell + gap)
-            grid[top:top + cell, left:left + cell] = big
+            grid[top : top + cell, left : left + cell] = big
     buf = io.BytesIO()
     Image.fromarray(grid, mode="L").save(buf, format="PNG")
     counts = np.bincount(d.target, minlength=len(classes))
@@ -55,12 +55,14 @@ def synthetic_counts(num_samples: int | None = None, num_classes: int | None = N
 def synthetic_description() -> str:
     """Markdown: what a run on synthetic gets."""
     d = DataSpec(name="synthetic")
-    return ("**synthetic** has no stored images: each run generates its own from the spec. There are "
-            f"`data.num_classes` classes (default {d.num_classes}), each a seeded smooth random pattern, and "
-            f"`data.num_samples` images (default {d.num_samples:,}) of `data.size`×`data.size` pixels (default "
-            f"{d.size}) with `data.channels` channels (default {d.channels}): the class pattern plus noise scaled "
-            f"by `data.noise` (default {d.noise}). The same seed gives the same images; the classes are "
-            "balanced, named `class_0`, `class_1`, ….")
+    return (
+        "**synthetic** has no stored images: each run generates its own from the spec. There are "
+        f"`data.num_classes` classes (default {d.num_classes}), each a seeded smooth random pattern, and "
+        f"`data.num_samples` images (default {d.num_samples:,}) of `data.size`×`data.size` pixels (default "
+        f"{d.size}) with `data.channels` channels (default {d.channels}): the class pattern plus noise scaled "
+        f"by `data.noise` (default {d.noise}). The same seed gives the same images; the classes are "
+        "balanced, named `class_0`, `class_1`, …."
+    )
 
 
 def torchvision_folder(name: str) -> Path:
@@ -72,6 +74,8 @@ def torchvision_description(name: str) -> str:
     """Markdown: where a torchvision dataset is read from, and whether it is there on this machine."""
     folder = torchvision_folder(name)
     here = "It is there on this machine." if folder.exists() else "It is not there on this machine."
-    return (f"**{name}** is read by torchvision from disk when present: under `data.path`, else under "
-            f"`$TORCHDECK_DATA` (default `data`), here {code_span(folder)}. {here} Set `data.download: true` to "
-            "let a worker with internet fetch it. Its images are not previewed here.")
+    return (
+        f"**{name}** is read by torchvision from disk when present: under `data.path`, else under "
+        f"`$TORCHDECK_DATA` (default `data`), here {code_span(folder)}. {here} Set `data.download: true` to "
+        "let a worker with internet fetch it. Its images are not previewed here."
+    )

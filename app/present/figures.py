@@ -18,8 +18,7 @@ X_TITLES = {"step": "step", "epoch": "epoch", "time": "seconds since start", "wa
 # Compare also draws runs against the clock ("wall": x is Unix seconds, drawn as dates).
 COMPARE_X_MODES = (*X_MODES, "wall")
 X_LABELS = {"step": "step", "epoch": "epoch", "time": "relative time", "wall": "wall time"}
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 @dataclass
@@ -46,8 +45,9 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
     return out
 
 
-def step_mapper(anchors: Sequence[tuple[int, int, float]], mode: str, started: float | None,
-                steps_per_epoch: float | None = None):
+def step_mapper(
+    anchors: Sequence[tuple[int, int, float]], mode: str, started: float | None, steps_per_epoch: float | None = None
+):
     """A function steps → x for `mode`, from (step, epoch, wall_time) anchors (see queries.epoch_anchors).
     Beyond the last anchor the last rate is extrapolated."""
     if mode == "step":
@@ -78,8 +78,18 @@ def as_dates(xs: Sequence[float]) -> np.ndarray:
     return (np.asarray(xs, dtype=float) * 1000).astype("datetime64[ms]")
 
 
-def line_dict(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: str, smoothing: float = 0.0,
-              log_y: bool = False, height: int = 300, x_dates: bool = False, whole_x: bool = False) -> dict:
+def line_dict(
+    title: str,
+    traces: Sequence[Trace],
+    *,
+    x_title: str,
+    uirevision: str,
+    smoothing: float = 0.0,
+    log_y: bool = False,
+    height: int = 300,
+    x_dates: bool = False,
+    whole_x: bool = False,
+) -> dict:
     """A line chart as Plotly's plain JSON structure (numpy arrays inside), built without Plotly's
     per-property validation: a live chart is rebuilt every time its series grows, and validation
     costs ten times the rest. Trace names and the title are shown as text (a run's or a class's name
@@ -91,20 +101,56 @@ def line_dict(title: str, traces: Sequence[Trace], *, x_title: str, uirevision: 
         name = plot_text(t.name)
         x, y = as_dates(t.x) if x_dates else np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
         if smoothing > 0 and not t.markers and len(y) > 2:
-            data.append({"type": "scatter", "x": x, "y": y, "name": f"{name} (raw)", "mode": "lines",
-                         "showlegend": False, "line": {"color": color, "width": 1}, "opacity": 0.25,
-                         "hoverinfo": "skip", "legendgroup": t.name})
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": x,
+                    "y": y,
+                    "name": f"{name} (raw)",
+                    "mode": "lines",
+                    "showlegend": False,
+                    "line": {"color": color, "width": 1},
+                    "opacity": 0.25,
+                    "hoverinfo": "skip",
+                    "legendgroup": t.name,
+                }
+            )
             y = np.asarray(smooth(y.tolist(), smoothing), dtype=float)
-        data.append({"type": "scatter", "x": x, "y": y, "name": name, "legendgroup": t.name,
-                     "mode": "lines+markers" if t.markers else "lines", "line": {"color": color, "width": 2},
-                     "marker": {"size": 6}, **t.extra})
+        data.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": y,
+                "name": name,
+                "legendgroup": t.name,
+                "mode": "lines+markers" if t.markers else "lines",
+                "line": {"color": color, "width": 2},
+                "marker": {"size": 6},
+                **t.extra,
+            }
+        )
     # Title on top, legend in its own row under it (long per-layer legends never cover the title).
-    layout = {"title": {"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"}, "height": height,
-              "uirevision": uirevision, "margin": {"l": 10, "r": 10, "t": 64, "b": 10}, "hovermode": "x unified",
-              "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
-                         "font": {"size": 11}},
-              "xaxis": {"title": {"text": x_title}, **({"type": "date"} if x_dates else {}),
-                        **(whole_ticks([v for t in traces for v in t.x]) if whole_x else {})}, "yaxis": {}}
+    layout = {
+        "title": {"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"},
+        "height": height,
+        "uirevision": uirevision,
+        "margin": {"l": 10, "r": 10, "t": 64, "b": 10},
+        "hovermode": "x unified",
+        "legend": {
+            "orientation": "h",
+            "yanchor": "bottom",
+            "y": 1.0,
+            "xanchor": "left",
+            "x": 0.0,
+            "font": {"size": 11},
+        },
+        "xaxis": {
+            "title": {"text": x_title},
+            **({"type": "date"} if x_dates else {}),
+            **(whole_ticks([v for t in traces for v in t.x]) if whole_x else {}),
+        },
+        "yaxis": {},
+    }
     if log_y:
         layout["yaxis"] = {"type": "log", "dtick": 1, "exponentformat": "power"}  # one label per decade
     else:
@@ -154,22 +200,56 @@ def confusion_figure(matrix: Sequence[Sequence[int]], names: Sequence[str], uire
     rows = m.sum(axis=1, keepdims=True)
     share = np.divide(m, rows, out=np.zeros_like(m), where=rows > 0)
     labels = [plot_text(n) for n in names]  # axis ticks and hover render Plotly's HTML: class names as text
-    fig = go.Figure(go.Heatmap(z=share.tolist(), x=labels, y=labels, colorscale="Blues", zmin=0, zmax=1,
-                               text=m.astype(int).tolist(), texttemplate="%{text}", colorbar={"title": "row share"},
-                               hovertemplate="true %{y} → predicted %{x}: %{text} (%{z:.1%})<extra></extra>"))
-    fig.update_layout(title={"text": "Confusion matrix (validation)", "font": {"size": 14}}, height=420,
-                      uirevision=uirevision, margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig = go.Figure(
+        go.Heatmap(
+            z=share.tolist(),
+            x=labels,
+            y=labels,
+            colorscale="Blues",
+            zmin=0,
+            zmax=1,
+            text=m.astype(int).tolist(),
+            texttemplate="%{text}",
+            colorbar={"title": "row share"},
+            hovertemplate="true %{y} → predicted %{x}: %{text} (%{z:.1%})<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title={"text": "Confusion matrix (validation)", "font": {"size": 14}},
+        height=420,
+        uirevision=uirevision,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+    )
     fig.update_xaxes(title_text="predicted", type="category")
     fig.update_yaxes(title_text="true", type="category", autorange="reversed")
     return fig
 
 
-def bar_figure(title: str, names: Sequence[str], values: Sequence[float], *, y_title: str, uirevision: str,
-               percent: bool = False, height: int = 320) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[plot_text(n) for n in names], y=list(values), marker_color=PALETTE[0],
-                           texttemplate="%{y:.1%}" if percent else "%{y}", textposition="outside"))
-    fig.update_layout(title={"text": plot_text(title), "font": {"size": 14}}, height=height, uirevision=uirevision,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+def bar_figure(
+    title: str,
+    names: Sequence[str],
+    values: Sequence[float],
+    *,
+    y_title: str,
+    uirevision: str,
+    percent: bool = False,
+    height: int = 320,
+) -> go.Figure:
+    fig = go.Figure(
+        go.Bar(
+            x=[plot_text(n) for n in names],
+            y=list(values),
+            marker_color=PALETTE[0],
+            texttemplate="%{y:.1%}" if percent else "%{y}",
+            textposition="outside",
+        )
+    )
+    fig.update_layout(
+        title={"text": plot_text(title), "font": {"size": 14}},
+        height=height,
+        uirevision=uirevision,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+    )
     fig.update_xaxes(type="category")
     fig.update_yaxes(title_text=y_title, tickformat=".0%" if percent else None, range=[0, 1.08] if percent else None)
     return fig
@@ -184,11 +264,21 @@ def parallel_figure(columns: dict[str, Sequence], metric: str, metric_values: Se
             dims.append({"label": plot_text(name), "values": [float(v) for v in values]})
         else:
             cats = sorted({str(v) for v in values})
-            dims.append({"label": plot_text(name), "values": [cats.index(str(v)) for v in values],
-                         "tickvals": list(range(len(cats))), "ticktext": cats})
+            dims.append(
+                {
+                    "label": plot_text(name),
+                    "values": [cats.index(str(v)) for v in values],
+                    "tickvals": list(range(len(cats))),
+                    "ticktext": cats,
+                }
+            )
     clean = [v if v is not None and math.isfinite(v) else float("nan") for v in metric_values]
     dims.append({"label": plot_text(metric), "values": clean})
-    fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": clean, "colorscale": "Viridis", "showscale": True,
-                                                        "colorbar": {"title": plot_text(metric)}}))
+    fig = go.Figure(
+        go.Parcoords(
+            dimensions=dims,
+            line={"color": clean, "colorscale": "Viridis", "showscale": True, "colorbar": {"title": plot_text(metric)}},
+        )
+    )
     fig.update_layout(height=380, margin={"l": 60, "r": 60, "t": 50, "b": 20})
     return fig

@@ -12,7 +12,12 @@ from core import catalog
 
 # The choices that decide which fields matter; the form shows them first, where a change takes effect at once.
 CHOOSERS: tuple[str, ...] = (
-    "data.name", "model.name", "model.transfer", "optim.name", "schedule.name", "train.grad_clip.mode",
+    "data.name",
+    "model.name",
+    "model.transfer",
+    "optim.name",
+    "schedule.name",
+    "train.grad_clip.mode",
 )
 
 LABELS: dict[str, str] = {
@@ -112,17 +117,30 @@ UNITS: dict[str, str] = {
 }
 
 _ADVANCED_PREFIXES = ("loader.", "checkpoint.")
-_ADVANCED: frozenset[str] = frozenset({
-    "data.max_bad_fraction", "data.cache_mb", "data.normalize",
-    "model.gradient_checkpointing", "model.keep_head", "model.lr_decay",
-    "optim.decay_norm_and_bias",
-    "train.early_stopping.mode", "train.early_stopping.min_delta",
-    "train.diag_every", "train.overfit_check", "train.overfit_steps", "train.detect_anomaly",
-    "export.atol", "export.parity_samples", "export.opset",
-    "deterministic", "compile",
-    # Most runs use one GPU; more asks for a worker owning that many (torchdeck worker --gpus ... --multi-gpu).
-    "resources.gpus",
-})
+_ADVANCED: frozenset[str] = frozenset(
+    {
+        "data.max_bad_fraction",
+        "data.cache_mb",
+        "data.normalize",
+        "model.gradient_checkpointing",
+        "model.keep_head",
+        "model.lr_decay",
+        "optim.decay_norm_and_bias",
+        "train.early_stopping.mode",
+        "train.early_stopping.min_delta",
+        "train.diag_every",
+        "train.overfit_check",
+        "train.overfit_steps",
+        "train.detect_anomaly",
+        "export.atol",
+        "export.parity_samples",
+        "export.opset",
+        "deterministic",
+        "compile",
+        # Most runs use one GPU; more asks for a worker owning that many (torchdeck worker --gpus ... --multi-gpu).
+        "resources.gpus",
+    }
+)
 
 
 def label(path: str) -> str:
@@ -149,8 +167,10 @@ def _is(path: str, *names: str) -> Callable[[Mapping[str, Any]], bool]:
 _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "data.path": _is("data.name", *catalog.datasets_of("folder", "torchvision")),
     "data.download": _is("data.name", *catalog.datasets_of("torchvision")),
-    **{f"data.{k}": _is("data.name", *catalog.datasets_of("generated"))
-       for k in ("num_classes", "num_samples", "channels", "size", "noise")},
+    **{
+        f"data.{k}": _is("data.name", *catalog.datasets_of("generated"))
+        for k in ("num_classes", "num_samples", "channels", "size", "noise")
+    },
     "data.max_bad_fraction": _is("data.name", *catalog.datasets_of("folder")),
     "data.cache_mb": _is("data.name", *catalog.datasets_of("folder")),
     "model.hidden": _is("model.name", *catalog.HIDDEN_MODELS),
@@ -158,10 +178,12 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "model.transfer": _transferring,
     "model.backbone_lr_mult": _transferring,
     "model.last_n": lambda v: _transferring(v) and v.get("model.transfer") == "finetune_last_n",
-    "model.unfreeze_at_epoch": lambda v: _transferring(v) and v.get("model.transfer") in ("feature_extract",
-                                                                                         "finetune_last_n"),
-    "model.unfreeze_every": lambda v: _transferring(v) and v.get("model.transfer") in ("feature_extract",
-                                                                                      "finetune_last_n"),
+    "model.unfreeze_at_epoch": lambda v: (
+        _transferring(v) and v.get("model.transfer") in ("feature_extract", "finetune_last_n")
+    ),
+    "model.unfreeze_every": lambda v: (
+        _transferring(v) and v.get("model.transfer") in ("feature_extract", "finetune_last_n")
+    ),
     "model.lr_decay": _transferring,
     "model.keep_head": lambda v: bool(v.get("model.weights_file")) and v.get("model.transfer") != "scratch",
     "optim.momentum": _is("optim.name", "sgd", "rmsprop"),
@@ -188,15 +210,20 @@ def relevant_any(path: str, values: Mapping[str, Any], alternatives: Mapping[str
     """relevant() for the values, or for any of the alternatives a swept chooser will also try."""
     if relevant(path, values):
         return True
-    return any(relevant(path, {**values, chooser: option}) for chooser, options in alternatives.items()
-               for option in options)
+    return any(
+        relevant(path, {**values, chooser: option}) for chooser, options in alternatives.items() for option in options
+    )
 
 
 def choices_in_words(values: Mapping[str, Any]) -> str:
     """The choices that decide the form, as a short phrase: "digits · simple_cnn · adam · no schedule"."""
     schedule = values.get("schedule.name")
-    parts = [values.get("data.name"), values.get("model.name"), values.get("optim.name"),
-             "no schedule" if schedule == "none" else f"{schedule} schedule"]
+    parts = [
+        values.get("data.name"),
+        values.get("model.name"),
+        values.get("optim.name"),
+        "no schedule" if schedule == "none" else f"{schedule} schedule",
+    ]
     if values.get("train.grad_clip.mode") == "none":
         parts.append("no clipping")
     return " · ".join(str(p) for p in parts)

@@ -35,10 +35,12 @@ SOURCE_LIMIT = 50  # finished runs offered as weights to start from, newest firs
 SUGGESTED_TRANSFER = "feature_extract"
 SUGGESTED_UNFREEZE_AT = 2
 SUGGESTED_BACKBONE_LR_MULT = 0.1
-SUGGESTION_NOTE = ("Suggested for a transfer: feature extraction first (the backbone frozen, only the head trains), "
-                   f"then the whole backbone unfrozen from epoch {SUGGESTED_UNFREEZE_AT}, at "
-                   f"{SUGGESTED_BACKBONE_LR_MULT:g}× the head's learning rate so the features it learned are not "
-                   "washed out. Change them in Model & transfer learning.")
+SUGGESTION_NOTE = (
+    "Suggested for a transfer: feature extraction first (the backbone frozen, only the head trains), "
+    f"then the whole backbone unfrozen from epoch {SUGGESTED_UNFREEZE_AT}, at "
+    f"{SUGGESTED_BACKBONE_LR_MULT:g}× the head's learning rate so the features it learned are not "
+    "washed out. Change them in Model & transfer learning."
+)
 
 
 def _get(spec: Mapping[str, Any], section: str, name: str) -> Any:
@@ -50,8 +52,13 @@ def similar_runs(engine: Engine, values: Mapping[str, Any]) -> list[RunRecord]:
     ({dotted field: value}), newest first; for an image folder, of the same folder."""
     data, model, path = values.get("data.name"), values.get("model.name"), values.get("data.path")
     page = repo.list_runs(engine, status=list(SIMILAR_STATUSES), limit=SCAN_LIMIT)
-    return [r for r in page.runs if _get(r.spec, "data", "name") == data and _get(r.spec, "model", "name") == model
-            and (not catalog.is_folder(data) or _get(r.spec, "data", "path") == path)]
+    return [
+        r
+        for r in page.runs
+        if _get(r.spec, "data", "name") == data
+        and _get(r.spec, "model", "name") == model
+        and (not catalog.is_folder(data) or _get(r.spec, "data", "path") == path)
+    ]
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,19 @@ class TimeEstimate:
     runs: int
 
     def describe(self) -> str:
-        return (f"Time: ≈ {self.minutes:.1f} min at {self.seconds_per_epoch:.1f} s/epoch as in {self.runs} similar "
-                "finished run(s)")
+        return (
+            f"Time: ≈ {self.minutes:.1f} min at {self.seconds_per_epoch:.1f} s/epoch as in {self.runs} similar "
+            "finished run(s)"
+        )
 
 
 def time_estimate(similar: Sequence[RunRecord], epochs: int | None) -> TimeEstimate | None:
     """epochs × the median seconds per epoch of the similar runs (wall time / epochs run); None without any."""
-    per_epoch = [r.summary["wall_time_s"] / r.summary["epochs_run"] for r in similar
-                 if (r.summary or {}).get("epochs_run") and (r.summary or {}).get("wall_time_s")]
+    per_epoch = [
+        r.summary["wall_time_s"] / r.summary["epochs_run"]
+        for r in similar
+        if (r.summary or {}).get("epochs_run") and (r.summary or {}).get("wall_time_s")
+    ]
     if not per_epoch or not epochs:
         return None
     s = statistics.median(per_epoch)
@@ -92,8 +104,9 @@ def memory_estimate(similar: Sequence[RunRecord], values: Mapping[str, Any]) -> 
         return None
 
     def closeness(r: RunRecord) -> int:
-        return (int(_get(r.spec, "train", "batch_size") == values.get("train.batch_size")) * 2
-                + int(_get(r.spec, "data", "image_size") == values.get("data.image_size")))
+        return int(_get(r.spec, "train", "batch_size") == values.get("train.batch_size")) * 2 + int(
+            _get(r.spec, "data", "image_size") == values.get("data.image_size")
+        )
 
     best = max(measured, key=closeness)  # max keeps the first (newest) of equals
     return MemoryEstimate(float(best.metrics[PEAK_MEMORY].max_value), best.name)
@@ -115,10 +128,14 @@ def worker_hint(queue: str, engine: Engine, processes: int = 1) -> WorkerHint:
     names = ", ".join(w.id if w.hostname in w.id else f"{w.id} on {w.hostname}" for w in status.workers[:5])
     more = f" and {len(status.workers) - 5} more" if len(status.workers) > 5 else ""
     n = len(status.workers)
-    where = (f"; the one that takes it runs its {processes} processes (gloo, the CPU cores shared)"
-             if queue == CPU_QUEUE and processes > 1 else "")
-    return WorkerHint(True, f"Workers: {n} live worker{'s serve' if n > 1 else ' serves'} '{queue}' ({names}{more})"
-                            + where)
+    where = (
+        f"; the one that takes it runs its {processes} processes (gloo, the CPU cores shared)"
+        if queue == CPU_QUEUE and processes > 1
+        else ""
+    )
+    return WorkerHint(
+        True, f"Workers: {n} live worker{'s serve' if n > 1 else ' serves'} '{queue}' ({names}{more})" + where
+    )
 
 
 def processes_of(values: Mapping[str, Any]) -> int:
@@ -140,8 +157,11 @@ def hints(engine: Engine, values: Mapping[str, Any]) -> Hints:
     """Everything said before Launch, for the form's flat `values`."""
     similar = similar_runs(engine, values)
     n = processes_of(values)
-    return Hints(worker_hint(queue_for(values.get("device"), n), engine, n), memory_estimate(similar, values),
-                 time_estimate(similar, values.get("train.epochs")))
+    return Hints(
+        worker_hint(queue_for(values.get("device"), n), engine, n),
+        memory_estimate(similar, values),
+        time_estimate(similar, values.get("train.epochs")),
+    )
 
 
 # --- start from a run's weights ---------------------------------------------------------------------------
@@ -188,6 +208,13 @@ def weight_sources(engine: Engine, root: Path) -> list[WeightSource]:
 
 def suggestion(source: WeightSource) -> dict[str, Any]:
     """The form's values (a partial spec) for starting from `source`'s best checkpoint."""
-    return {"model": {"name": source.model, "weights_file": str(source.path), "pretrained": False,
-                      "transfer": SUGGESTED_TRANSFER, "unfreeze_at_epoch": SUGGESTED_UNFREEZE_AT,
-                      "backbone_lr_mult": SUGGESTED_BACKBONE_LR_MULT}}
+    return {
+        "model": {
+            "name": source.model,
+            "weights_file": str(source.path),
+            "pretrained": False,
+            "transfer": SUGGESTED_TRANSFER,
+            "unfreeze_at_epoch": SUGGESTED_UNFREEZE_AT,
+            "backbone_lr_mult": SUGGESTED_BACKBONE_LR_MULT,
+        }
+    }

@@ -28,7 +28,9 @@ def mean_std_text(values: Sequence[float | None], digits: int = 4) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f} (n={n})"
 
 
-def band(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> tuple[list[float], list[float], list[float], list[int]]:
+def band(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+) -> tuple[list[float], list[float], list[float], list[int]]:
     """Per x present in any run's curve (x, y pairs, e.g. epochs): the mean, the std (0 with one value) and n."""
     by_x: dict[float, list[float]] = {}
     for xs, ys in curves.values():
@@ -41,21 +43,42 @@ def band(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> tuple
     return xs, means, stds, [len(by_x[x]) for x in xs]
 
 
-def add_band(fig: go.Figure, xs: Sequence[float], means: Sequence[float], stds: Sequence[float], *, name: str,
-             color: str, legendgroup: str | None = None) -> None:
+def add_band(
+    fig: go.Figure,
+    xs: Sequence[float],
+    means: Sequence[float],
+    stds: Sequence[float],
+    *,
+    name: str,
+    color: str,
+    legendgroup: str | None = None,
+) -> None:
     """A mean line with a shaded ± std band, one legend entry for both."""
     group = legendgroup or name
     rgba = _rgba(color, 0.2)
     upper = [m + s for m, s in zip(means, stds, strict=True)]
     lower = [m - s for m, s in zip(means, stds, strict=True)]
-    fig.add_trace(go.Scatter(x=list(xs) + list(xs)[::-1], y=upper + lower[::-1], mode="lines", fill="toself", fillcolor=rgba,
-                             line={"width": 0}, hoverinfo="skip", showlegend=False, legendgroup=group, name=f"{name} ± std"))
-    fig.add_trace(go.Scatter(x=list(xs), y=list(means), mode="lines", name=name, legendgroup=group,
-                             line={"color": color}))
+    fig.add_trace(
+        go.Scatter(
+            x=list(xs) + list(xs)[::-1],
+            y=upper + lower[::-1],
+            mode="lines",
+            fill="toself",
+            fillcolor=rgba,
+            line={"width": 0},
+            hoverinfo="skip",
+            showlegend=False,
+            legendgroup=group,
+            name=f"{name} ± std",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(x=list(xs), y=list(means), mode="lines", name=name, legendgroup=group, line={"color": color})
+    )
 
 
 def _rgba(color: str, alpha: float) -> str:
     if color.startswith("#") and len(color) == 7:
-        r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+        r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
         return f"rgba({r},{g},{b},{alpha})"
     return color

@@ -14,12 +14,26 @@ EMPTY = "–"  # what a cell or a figure shows for a value that is not there (ye
 
 # Material icons (bundled with Streamlit): emoji fonts are missing on many servers and kiosks.
 STATUS_ICON = {
-    "queued": "schedule", "running": "play_circle", "completed": "check_circle", "early_stopped": "stop_circle",
-    "cancelled": "cancel", "failed": "error", "diverged": "warning", "lost": "help", "pruned": "content_cut",
+    "queued": "schedule",
+    "running": "play_circle",
+    "completed": "check_circle",
+    "early_stopped": "stop_circle",
+    "cancelled": "cancel",
+    "failed": "error",
+    "diverged": "warning",
+    "lost": "help",
+    "pruned": "content_cut",
 }
 STATUS_COLOR = {
-    "queued": "gray", "running": "blue", "completed": "green", "early_stopped": "green", "cancelled": "gray",
-    "failed": "red", "diverged": "red", "lost": "orange", "pruned": "violet",
+    "queued": "gray",
+    "running": "blue",
+    "completed": "green",
+    "early_stopped": "green",
+    "cancelled": "gray",
+    "failed": "red",
+    "diverged": "red",
+    "lost": "orange",
+    "pruned": "violet",
 }
 
 
@@ -115,16 +129,20 @@ _LINE_START = re.compile(r"^(?:[-+=]|\d+\.)")
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 # Blanks a paragraph would strip or take for indentation (JavaScript's trim, which some renderers use,
 # strips Unicode spaces too): kept as character references where they start or end a line.
-_EDGE_SPACE = re.compile(r"^[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+"
-                         r"|[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+$")
+_EDGE_SPACE = re.compile(
+    r"^[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+"
+    r"|[ \t\f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+$"
+)
 WORD_JOINER = "\u2060"  # invisible; splits what Streamlit's frontend would rewrite in the parsed text
 # Streamlit rewrites text after the Markdown is parsed, where escapes no longer count: `http://…` and
 # `www.…` become links, `:name:` an emoji, a Material icon or its logo, and a lone `->`, `--`, `<=` … an
 # arrow or a dash. A word joiner inside each breaks the pattern and shows nothing. (Not in a time `12:30:45`,
 # a port `host:8080`, nor an e-mail address: that one stays a mailto link to exactly the address shown, so
 # that it copies intact.)
-_REWRITTEN = re.compile(r"(?<=:)(?=(?:[A-Za-z0-9_+-]*[A-Za-z_+-][A-Za-z0-9_+-]*|100|1234)(?::|$)|material/)"
-                        r"|(?i:(?<=http:)|(?<=https:))(?=//)|(?i:(?<=www)(?=\.))")
+_REWRITTEN = re.compile(
+    r"(?<=:)(?=(?:[A-Za-z0-9_+-]*[A-Za-z_+-][A-Za-z0-9_+-]*|100|1234)(?::|$)|material/)"
+    r"|(?i:(?<=http:)|(?<=https:))(?=//)|(?i:(?<=www)(?=\.))"
+)
 _SYMBOL = re.compile(r"(?:^|(?<=[\s\ufeff]))(?:<->|->|<-|--|>=|<=|~=)(?=[\s\ufeff]|$)")  # JS's \s has U+FEFF
 
 

@@ -62,12 +62,26 @@ def admit(specs: Sequence[RunSpec], *, owner: str, engine: Engine, room_for: int
     return checked
 
 
-def store(specs: Sequence[RunSpec], *, owner: str, engine: Engine, names: Sequence[str | None] | None = None,
-          tags: Sequence[str] = (), parent_id: str | None = None, group_id: str | None = None) -> list[RunRecord]:
+def store(
+    specs: Sequence[RunSpec],
+    *,
+    owner: str,
+    engine: Engine,
+    names: Sequence[str | None] | None = None,
+    tags: Sequence[str] = (),
+    parent_id: str | None = None,
+    group_id: str | None = None,
+) -> list[RunRecord]:
     """Admit the specs and store them as queued runs, all or none (each named by `names`, else by its spec).
     Sending them to the queue is the caller's."""
     admitted = admit(specs, owner=owner, engine=engine)
     names = [s.name for s in admitted] if names is None else list(names)
-    return repo.create_runs(engine, [(s.model_dump(mode="json"), n) for s, n in zip(admitted, names, strict=True)],
-                            owner=owner, tags=tags, parent_id=parent_id, group_id=group_id,
-                            max_queued=max_queued_per_owner())
+    return repo.create_runs(
+        engine,
+        [(s.model_dump(mode="json"), n) for s, n in zip(admitted, names, strict=True)],
+        owner=owner,
+        tags=tags,
+        parent_id=parent_id,
+        group_id=group_id,
+        max_queued=max_queued_per_owner(),
+    )

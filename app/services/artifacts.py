@@ -55,8 +55,10 @@ def _artifact_record(artifact_id: str, engine: Engine | None):
     from db.repo import get_artifact
 
     if not isinstance(artifact_id, str) or not _ARTIFACT_ID.match(artifact_id):
-        raise InvalidArtifactId(f"{str(artifact_id)[:80]!r} is not an artifact id: downloads name an artifact by its "
-                                "opaque id (letters and digits), never by a path")
+        raise InvalidArtifactId(
+            f"{str(artifact_id)[:80]!r} is not an artifact id: downloads name an artifact by its "
+            "opaque id (letters and digits), never by a path"
+        )
     return get_artifact(engine or get_engine(), artifact_id)  # ArtifactNotFound for an unknown id
 
 
@@ -75,8 +77,10 @@ def _artifact_source(record) -> tuple[Any, str | None, Path | None]:
         path = Path(unquote(parsed.path)).resolve()
         if artifact_root() in path.parents:
             return None, None, path
-    raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is stored at {record.uri}, outside this "
-                              f"installation's artifact store ({store.url}): it cannot be downloaded here")
+    raise ArtifactUnavailable(
+        f"artifact {record.id} ({record.kind}) is stored at {record.uri}, outside this "
+        f"installation's artifact store ({store.url}): it cannot be downloaded here"
+    )
 
 
 def artifact_problem(record) -> str | None:
@@ -119,15 +123,18 @@ def open_artifact(artifact_id: str, engine: Engine | None = None):
     try:
         raw = store.open(key) if store is not None else open(path, "rb")  # noqa: SIM115 - the caller closes it
     except FileNotFoundError:
-        raise ArtifactUnavailable(f"artifact {record.id} ({record.kind}) is registered but its file is gone "
-                                  f"({record.uri})") from None
+        raise ArtifactUnavailable(
+            f"artifact {record.id} ({record.kind}) is registered but its file is gone ({record.uri})"
+        ) from None
 
     return record, VerifiedReader(raw, record.size, record.sha256, lambda why: _changed(record, why))
 
 
 def _changed(record, why: str) -> ArtifactChanged:
-    return ArtifactChanged(f"artifact {record.id}'s file changed since it was stored: {why}; the download "
-                           f"is refused ({record.kind}, {record.uri})")
+    return ArtifactChanged(
+        f"artifact {record.id}'s file changed since it was stored: {why}; the download "
+        f"is refused ({record.kind}, {record.uri})"
+    )
 
 
 def read_artifact(artifact_id: str, engine: Engine | None = None) -> bytes:

@@ -37,8 +37,13 @@ def _celery(url: str):
     from celery import Celery
 
     c = Celery("torchdeck-client", broker=url)
-    c.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True,
-                  broker_connection_timeout=5, broker_connection_max_retries=2)
+    c.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        broker_connection_timeout=5,
+        broker_connection_max_retries=2,
+    )
     return c
 
 
@@ -99,7 +104,9 @@ class QueueStatus:
 
     def message(self) -> str:
         if self.served:
-            names = ", ".join(f"{w.id} on {w.hostname}" + (" (busy)" if w.current_run_id else "") for w in self.workers[:5])
+            names = ", ".join(
+                f"{w.id} on {w.hostname}" + (" (busy)" if w.current_run_id else "") for w in self.workers[:5]
+            )
             more = f" and {len(self.workers) - 5} more" if len(self.workers) > 5 else ""
             return f"queue '{self.queue}' is served by {len(self.workers)} live worker(s): {names}{more}"
         return queue_words.unserved(self.queue, self.most_gpus)
@@ -137,8 +144,9 @@ def fresh_stack() -> bool:
     return mine and 0 <= time.time() - started < FRESH_STACK_S
 
 
-def queue_status_after_start(queue: str, engine: Engine | None = None, *, waiting: Callable[[float], None],
-                             poll_s: float = 0.5) -> QueueStatus:
+def queue_status_after_start(
+    queue: str, engine: Engine | None = None, *, waiting: Callable[[float], None], poll_s: float = 0.5
+) -> QueueStatus:
     """queue_status, but on a stack that has just started (fresh_stack) and whose workers serve `queue` nobody
     yet, asked again every poll_s until one does, for WORKERS_WAIT_S at most; `waiting(seconds)` is told once,
     when the wait begins."""

@@ -66,8 +66,11 @@ def sources(dataset: Path) -> list[tuple[str, Path]]:
         classes = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
     for cls in classes[:MAX_CLASSES]:
         with os.scandir(dataset / cls) as entries:
-            names = (e.name for e in entries
-                     if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file(follow_symlinks=False))
+            names = (
+                e.name
+                for e in entries
+                if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file(follow_symlinks=False)
+            )
             out += [(cls, dataset / cls / n) for n in heapq.nsmallest(PER_CLASS, names)]
         if len(out) >= MAX_SHOWN:
             break

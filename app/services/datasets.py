@@ -62,22 +62,27 @@ def datasets_root() -> Path:
 def check_name(name: str) -> str:
     name = name.strip()
     if not _NAME.match(name):
-        raise UploadRefused("dataset names use letters, digits, '-', '_' and '.', start with a letter or digit "
-                            "and are at most 64 characters")
+        raise UploadRefused(
+            "dataset names use letters, digits, '-', '_' and '.', start with a letter or digit "
+            "and are at most 64 characters"
+        )
     return name
 
 
 def _ignored(name: str) -> bool:
-    return name.startswith("__MACOSX/") or PurePosixPath(name).name.startswith(".") or \
-        PurePosixPath(name).name in _IGNORED
+    return (
+        name.startswith("__MACOSX/") or PurePosixPath(name).name.startswith(".") or PurePosixPath(name).name in _IGNORED
+    )
 
 
 def _check_entry(info: zipfile.ZipInfo) -> None:
     name = info.filename
     parts = PurePosixPath(name).parts
     if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name) or ".." in parts or "\\" in name:
-        raise UploadRefused(f"unsafe path in the archive: {name!r} would be written outside the dataset folder "
-                            "(absolute paths and '..' are refused)")
+        raise UploadRefused(
+            f"unsafe path in the archive: {name!r} would be written outside the dataset folder "
+            "(absolute paths and '..' are refused)"
+        )
     mode = info.external_attr >> 16
     if stat.S_ISLNK(mode):
         raise UploadRefused(f"the archive contains a symbolic link ({name!r}); links are refused")
@@ -105,7 +110,7 @@ def inspect(zf: zipfile.ZipFile) -> Layout:
     layout = Layout(root=f"{tops.pop()}/" if one_folder else "")
     not_images, loose = [], []
     for i in infos:
-        parts = PurePosixPath(i.filename[len(layout.root):]).parts
+        parts = PurePosixPath(i.filename[len(layout.root) :]).parts
         if len(parts) < 2:
             loose.append(i.filename)
         elif not i.filename.lower().endswith(IMAGE_EXTENSIONS):
@@ -113,20 +118,28 @@ def inspect(zf: zipfile.ZipFile) -> Layout:
         else:
             layout.members.setdefault(parts[0], []).append(i)
     if loose:
-        raise UploadRefused(f"files outside a class folder: {', '.join(loose[:5])}. An ImageFolder zip holds one "
-                            "folder per class (cat/1.jpg, dog/2.jpg), optionally inside one top folder")
+        raise UploadRefused(
+            f"files outside a class folder: {', '.join(loose[:5])}. An ImageFolder zip holds one "
+            "folder per class (cat/1.jpg, dog/2.jpg), optionally inside one top folder"
+        )
     if not_images:
-        raise UploadRefused(f"{len(not_images)} file(s) are not images ({', '.join(not_images[:5])}); accepted: "
-                            f"{', '.join(IMAGE_EXTENSIONS)}")
+        raise UploadRefused(
+            f"{len(not_images)} file(s) are not images ({', '.join(not_images[:5])}); accepted: "
+            f"{', '.join(IMAGE_EXTENSIONS)}"
+        )
     too_long = [c for c in layout.members if len(c) > MAX_CLASS_NAME]
     if too_long:
-        raise UploadRefused(f"class folder name {too_long[0][:60]!r}... has {len(too_long[0])} characters; class names "
-                            f"become metric keys (val/acc_class/<name>), so at most {MAX_CLASS_NAME} are accepted: "
-                            "rename the folder")
+        raise UploadRefused(
+            f"class folder name {too_long[0][:60]!r}... has {len(too_long[0])} characters; class names "
+            f"become metric keys (val/acc_class/<name>), so at most {MAX_CLASS_NAME} are accepted: "
+            "rename the folder"
+        )
     if len(layout.members) < 2:
         found = next(iter(layout.members), "none")
-        raise UploadRefused(f"a classifier needs at least two classes, this archive has one class folder ({found!r}); "
-                            "put each class's images in its own folder")
+        raise UploadRefused(
+            f"a classifier needs at least two classes, this archive has one class folder ({found!r}); "
+            "put each class's images in its own folder"
+        )
     return layout
 
 
@@ -152,13 +165,17 @@ def _verify_image(path: Path) -> str | None:
         with im:
             w, h = im.size
             if w * h > MAX_IMAGE_PIXELS:
-                return (f"{path.parent.name}/{path.name}: {w}×{h} pixels, more than the "
-                        f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
+                return (
+                    f"{path.parent.name}/{path.name}: {w}×{h} pixels, more than the "
+                    f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted"
+                )
             im.verify()
     except Image.DecompressionBombError as e:  # over twice PIL's own limit: PIL refuses it while opening
         found = re.search(r"\((\d+) pixels\)", str(e))
-        return (f"{path.parent.name}/{path.name}: {f'{int(found[1]):,}' if found else 'too many'} pixels, more than the "
-                f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
+        return (
+            f"{path.parent.name}/{path.name}: {f'{int(found[1]):,}' if found else 'too many'} pixels, more than the "
+            f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted"
+        )
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         return f"{path.parent.name}/{path.name}: {e.__class__.__name__}"
     return None
@@ -173,7 +190,7 @@ def extract(zf: zipfile.ZipFile, layout: Layout, target: Path) -> dict[str, int]
         folder = target / cls
         folder.mkdir(parents=True, exist_ok=True)
         for info in infos:
-            dest = (target / info.filename[len(layout.root):]).resolve()
+            dest = (target / info.filename[len(layout.root) :]).resolve()
             if target not in dest.parents:  # belt and braces after _check_entry
                 raise UploadRefused(f"unsafe path in the archive: {info.filename!r}")
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -222,10 +239,13 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
     except Exception as e:  # noqa: BLE001 - any store failure refuses the upload, leaving nothing
         shutil.rmtree(final, ignore_errors=True)
         dataset_previews.remove(final)
-        raise UploadRefused(f"the dataset could not be copied to the artifact store, where workers on other "
-                            f"hosts read it: {e.__class__.__name__}: {e}") from None
-    return repo.create_dataset(engine, name, str(final), classes=sorted(counts), counts=counts, status="ready",
-                               owner=owner)
+        raise UploadRefused(
+            f"the dataset could not be copied to the artifact store, where workers on other "
+            f"hosts read it: {e.__class__.__name__}: {e}"
+        ) from None
+    return repo.create_dataset(
+        engine, name, str(final), classes=sorted(counts), counts=counts, status="ready", owner=owner
+    )
 
 
 def store_key(folder: str) -> str:
@@ -265,8 +285,10 @@ def check_can_remove(by: User | None, record: repo.DatasetRecord) -> None:
     if not can_modify(by, record):
         who = by.describe() if by else "an anonymous user"
         owner = record.owner or "nobody recorded (it was uploaded before datasets had owners)"
-        raise PermissionDenied(f"{who} may not delete dataset {record.name!r}: it belongs to {owner}, and only its "
-                               f"owner or an admin ({ADMINS_ENV}) may delete it")
+        raise PermissionDenied(
+            f"{who} may not delete dataset {record.name!r}: it belongs to {owner}, and only its "
+            f"owner or an admin ({ADMINS_ENV}) may delete it"
+        )
 
 
 def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
@@ -309,10 +331,19 @@ def builtin_datasets() -> list[dict[str, object]]:
     for name, d in DATASETS.items():
         if d.kind == "folder":
             continue
-        side = f"{d.size}×{d.size} {'gray' if d.channels == 1 else 'RGB'}" if d.size else f"{spec.size}×{spec.size} (data.size)"
-        row = {"name": name, "images": f"{d.samples:,}" if d.samples else f"{spec.num_samples:,} (data.num_samples)",
-               "classes": str(d.classes) if d.classes else f"{spec.num_classes} (data.num_classes)", "size": side,
-               "available": True, "source": "generated from class templates + noise"}
+        side = (
+            f"{d.size}×{d.size} {'gray' if d.channels == 1 else 'RGB'}"
+            if d.size
+            else f"{spec.size}×{spec.size} (data.size)"
+        )
+        row = {
+            "name": name,
+            "images": f"{d.samples:,}" if d.samples else f"{spec.num_samples:,} (data.num_samples)",
+            "classes": str(d.classes) if d.classes else f"{spec.num_classes} (data.num_classes)",
+            "size": side,
+            "available": True,
+            "source": "generated from class templates + noise",
+        }
         if d.kind == "builtin":
             row["source"] = f"{d.source} (ships inside its package)"
         elif d.kind == "torchvision":
@@ -336,5 +367,5 @@ def default_name(filename: str, taken: Iterable[str] = ()) -> str:
     while name in taken:
         n += 1
         suffix = f"-{n}"
-        name = base[:64 - len(suffix)].rstrip("-_.") + suffix
+        name = base[: 64 - len(suffix)].rstrip("-_.") + suffix
     return name

@@ -28,15 +28,19 @@ PREFLIGHT_TIMEOUT_S = 300
 EXPORT_TIMEOUT_S = 900
 PICKUP_ENV = "TORCHDECK_JOBS_PICKUP_S"  # how long a job may wait for a jobs worker to take it
 PICKUP_S = 20.0
-NO_JOBS_WORKER = ("no worker is serving the jobs queue — start `torchdeck worker` on a worker host (it starts one "
-                  "jobs worker per host beside the run workers; `torchdeck up` does too)")
+NO_JOBS_WORKER = (
+    "no worker is serving the jobs queue — start `torchdeck worker` on a worker host (it starts one "
+    "jobs worker per host beside the run workers; `torchdeck up` does too)"
+)
 
 
 class JobError(RuntimeError):
     """A job on the jobs queue got no answer (no worker, unreachable broker or store, timeout)."""
 
 
-def run_job(task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float | None = None) -> tuple[dict, Any, str]:
+def run_job(
+    task: str, kwargs: dict[str, Any], timeout_s: float, pickup_s: float | None = None
+) -> tuple[dict, Any, str]:
     """Enqueue a job and wait for its answer in the artifact store: (result.json's content, store, job id).
     JobError when no jobs worker takes it within pickup_s (longer while a live one is busy) or it runs past
     timeout_s. The caller deletes jobs/<job id> from the store once it has read the answer (forget)."""
@@ -95,8 +99,11 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bo
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     try:
-        result, store, job_id = run_job(PREFLIGHT_TASK, {"spec": spec.model_dump(mode="json"), "timeout_s": timeout_s,
-                                                         "overfit": overfit}, timeout_s)
+        result, store, job_id = run_job(
+            PREFLIGHT_TASK,
+            {"spec": spec.model_dump(mode="json"), "timeout_s": timeout_s, "overfit": overfit},
+            timeout_s,
+        )
     except JobError as e:
         return {"ok": False, "error": str(e)}
     if result.get("error"):
@@ -111,8 +118,9 @@ def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bo
     return result
 
 
-def export_now(run_id: str, formats: list[str], checkpoint: str = "best", *, by: User,
-               engine: Engine | None = None) -> tuple[bool, str]:
+def export_now(
+    run_id: str, formats: list[str], checkpoint: str = "best", *, by: User, engine: Engine | None = None
+) -> tuple[bool, str]:
     """Export the run's checkpoint again on a jobs worker, which registers the verified files as new artifacts
     of the run (in a new folder: earlier exports keep their files). Returns (every format verified, what the
     worker said). Only the run's owner or an admin may: app.auth.PermissionDenied otherwise, and then
@@ -127,8 +135,11 @@ def export_now(run_id: str, formats: list[str], checkpoint: str = "best", *, by:
     if unknown or not formats:
         return False, f"choose formats among {', '.join(EXPORT_FORMATS)}"
     try:
-        result, store, job_id = run_job(EXPORT_TASK, {"run_id": run_id, "formats": formats, "checkpoint": checkpoint,
-                                                      "timeout_s": EXPORT_TIMEOUT_S}, EXPORT_TIMEOUT_S)
+        result, store, job_id = run_job(
+            EXPORT_TASK,
+            {"run_id": run_id, "formats": formats, "checkpoint": checkpoint, "timeout_s": EXPORT_TIMEOUT_S},
+            EXPORT_TIMEOUT_S,
+        )
     except JobError as e:
         return False, str(e)
     forget(store, job_id)

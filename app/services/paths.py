@@ -72,15 +72,23 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
         # An uploaded dataset is an image folder to read: never a torchvision root to download into.
         registered = catalog.is_folder(spec.data.name) and _registered(path, engine)
         if not (_inside(path, roots) or registered):
-            hint = ("choose an uploaded dataset (Datasets page)" if team_mode()
-                    else f"move the data under one of them, or add its folder to {ROOTS_ENV}")
+            hint = (
+                "choose an uploaded dataset (Datasets page)"
+                if team_mode()
+                else f"move the data under one of them, or add its folder to {ROOTS_ENV}"
+            )
             problems.append(_refusal("data.path", roots, hint))
     if spec.model.weights_file:
         path = _resolved(spec.model.weights_file)
         roots = weights_roots(artifact_root)
         if not _inside(path, roots):
-            problems.append(_refusal("model.weights_file", roots,
-                                     f"use a run's checkpoint, or ask the operator to add the folder to {ROOTS_ENV}"))
+            problems.append(
+                _refusal(
+                    "model.weights_file",
+                    roots,
+                    f"use a run's checkpoint, or ask the operator to add the folder to {ROOTS_ENV}",
+                )
+            )
     return problems
 
 

@@ -11,10 +11,10 @@ from core.names import CPU_QUEUE, GPU_QUEUE, JOBS_QUEUE, queue_gpus
 
 FIXES = {
     GPU_QUEUE: "start a worker on a GPU host (`torchdeck worker --gpus 0`, team mode `docker compose up -d worker-gpu`), "
-               "or set device: cpu to run it on a CPU worker",
+    "or set device: cpu to run it on a CPU worker",
     CPU_QUEUE: "start one (`torchdeck worker --queues cpu`, team mode `docker compose up -d worker-cpu`)",
     JOBS_QUEUE: "`torchdeck worker` starts a jobs worker beside its run workers (team mode `docker compose up -d "
-                "worker-cpu`)",
+    "worker-cpu`)",
 }
 
 
@@ -38,10 +38,15 @@ def fix(queue: str, most_gpus: int) -> str:
     need = queue_gpus(queue) or 0
     if need < 2:
         return FIXES.get(queue, f"start a worker that consumes it (`torchdeck worker --queues {queue}`)")
-    lower = f", lower resources.gpus to {most_gpus}" if most_gpus >= 2 else (
-        ", set resources.gpus: 1" if most_gpus == 1 else "")
-    return (f"start one with `{multi_gpu_command(need)}` on a host with {need} GPUs{lower}, or set device: cpu to run "
-            f"its {need} processes on a CPU worker")
+    lower = (
+        f", lower resources.gpus to {most_gpus}"
+        if most_gpus >= 2
+        else (", set resources.gpus: 1" if most_gpus == 1 else "")
+    )
+    return (
+        f"start one with `{multi_gpu_command(need)}` on a host with {need} GPUs{lower}, or set device: cpu to run "
+        f"its {need} processes on a CPU worker"
+    )
 
 
 def unserved(queue: str, most_gpus: int) -> str:

@@ -16,20 +16,31 @@ from app.services.owners import owner_label
 from core.config import RunSpec
 from core.redact import redact
 from db.repo import RunNotFound, RunRecord, RunStillActive, delete_run, get_run, request_cancel
-from db.repo import follow as follow_run, unfollow as unfollow_run
-from db.repo import set_notes as store_notes, set_tags as store_tags, set_tags_and_notes as store_tags_and_notes
+from db.repo import follow as follow_run
+from db.repo import set_notes as store_notes
+from db.repo import set_tags as store_tags
+from db.repo import set_tags_and_notes as store_tags_and_notes
+from db.repo import unfollow as unfollow_run
 
 
-def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags: list[str] | None = None,
-           parent_id: str | None = None, engine: Engine | None = None) -> RunRecord:
+def submit(
+    spec: RunSpec,
+    *,
+    name: str | None = None,
+    owner: str = "local",
+    tags: list[str] | None = None,
+    parent_id: str | None = None,
+    engine: Engine | None = None,
+) -> RunRecord:
     """Store a validated spec as a queued run and enqueue it (the New run form, a clone, "start from a run's
     weights", `torchdeck submit`, a re-run). Invalid specs never get here: RunSpec validation happens first
     (the form and the CLI show each field's error). Refused by the gate of every new run (app.services.admission):
     a field out of bounds or a path the run may not read (SpecError) and, in team mode, an owner over the
     queued-runs limit (QueueLimitReached)."""
     engine = engine or get_engine()
-    [run] = admission.store([spec], owner=owner, engine=engine, names=[name or spec.name], tags=tags or [],
-                             parent_id=parent_id)
+    [run] = admission.store(
+        [spec], owner=owner, engine=engine, names=[name or spec.name], tags=tags or [], parent_id=parent_id
+    )
     try:
         enqueue(run.id, spec)
     except Exception as e:
@@ -37,8 +48,12 @@ def submit(spec: RunSpec, *, name: str | None = None, owner: str = "local", tags
 
         where = redact(broker_url())
         finish_run(engine, run.id, "failed", error=redact(f"could not reach the queue at {where}: {e}"))
-        raise RuntimeError(redact(f"the run was stored but the broker is unreachable ({where}): {e}. "
-                           "Is a worker stack running? Start it with `make up` or `torchdeck up`.")) from e
+        raise RuntimeError(
+            redact(
+                f"the run was stored but the broker is unreachable ({where}): {e}. "
+                "Is a worker stack running? Start it with `make up` or `torchdeck up`."
+            )
+        ) from e
     return run
 
 
@@ -68,8 +83,9 @@ def set_notes(run_id: str, notes: str, engine: Engine | None = None, *, by: User
     return store_notes(engine, run_id, notes)
 
 
-def set_tags_and_notes(run_id: str, tags: Iterable[str], notes: str, engine: Engine | None = None, *,
-                       by: User) -> RunRecord:
+def set_tags_and_notes(
+    run_id: str, tags: Iterable[str], notes: str, engine: Engine | None = None, *, by: User
+) -> RunRecord:
     """Replace a run's tags and notes together (the Run page's "Edit tags & notes"): both checked, then written
     in one transaction, so a refused or failed save changes neither. Only the run's owner or an admin may
     (PermissionDenied); ValueError for a bad tag or notes; RunNotFound for a run deleted meanwhile."""

@@ -25,8 +25,9 @@ def send(run: RunRecord) -> None:
     enqueue(run.id, RunSpec.model_validate(run.spec))
 
 
-def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (),
-                 engine: Engine | None = None) -> SweepRecord:
+def submit_sweep(
+    spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (), engine: Engine | None = None
+) -> SweepRecord:
     """Store the sweep and queue its first trials. The sweep is validated again (its space never names a file,
     its grid is sized first); its base passes the gate of every new run (app.services.admission: bounds, the paths it
     reads, room under the owner's queued-runs limit for its first configuration's runs). Its trials are
@@ -35,8 +36,10 @@ def submit_sweep(spec: SweepSpec, *, owner: str, name: str | None = None, tags: 
     spec = SweepSpec.from_dict(spec.model_dump(mode="json", by_alias=True))  # a model_copy is never validated
     limit, in_flight = admission.max_queued_per_owner(), spec.budget.parallel * spec.seeds
     if limit is not None and in_flight > limit:
-        raise ValueError(f"budget.parallel × seeds = {in_flight} runs in flight at once, more than the {limit} queued runs "
-                         "this dashboard allows per person (TORCHDECK_MAX_QUEUED_PER_OWNER): lower budget.parallel")
+        raise ValueError(
+            f"budget.parallel × seeds = {in_flight} runs in flight at once, more than the {limit} queued runs "
+            "this dashboard allows per person (TORCHDECK_MAX_QUEUED_PER_OWNER): lower budget.parallel"
+        )
     [base] = admission.admit([spec.base], owner=owner, engine=engine, room_for=spec.seeds)
     spec = spec.model_copy(update={"base": base})
     return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags, max_queued=limit)
@@ -48,8 +51,10 @@ def cancel_sweep(sweep_id: str, *, by: User, engine: Engine | None = None) -> Sw
     sweep = repo.get_sweep(engine, sweep_id)
     if not can_modify(by, sweep):
         who = by.describe() if by else "an anonymous user"
-        raise PermissionDenied(f"{who} may not cancel sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
-                               f"and only its owner or an admin ({ADMINS_ENV}) may cancel it")
+        raise PermissionDenied(
+            f"{who} may not cancel sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
+            f"and only its owner or an admin ({ADMINS_ENV}) may cancel it"
+        )
     return control.cancel(engine, sweep_id)
 
 
@@ -105,8 +110,9 @@ def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | N
     is a clone), its parent the trial's first run; through the gate of every new run (app.services.admission)."""
     engine = engine or get_engine()
     specs, parent_id = control.best_specs(engine, repo.get_sweep(engine, sweep_id), seeds)
-    runs = admission.store(specs, owner=owner, engine=engine, parent_id=parent_id,
-                           group_id=repo.new_group_id() if seeds > 1 else None)
+    runs = admission.store(
+        specs, owner=owner, engine=engine, parent_id=parent_id, group_id=repo.new_group_id() if seeds > 1 else None
+    )
     control.send_all(send, runs)
     return runs
 
@@ -133,13 +139,17 @@ class Estimate:
     similar_runs: int
 
     def describe(self, pruner: str) -> str:
-        text = (f"{self.trials} trials × {self.runs // max(self.trials, 1)} seed(s) = {self.runs} runs, "
-                f"at most {self.max_epochs} epochs")
+        text = (
+            f"{self.trials} trials × {self.runs // max(self.trials, 1)} seed(s) = {self.runs} runs, "
+            f"at most {self.max_epochs} epochs"
+        )
         if pruner != "none":
             text += " (the pruner stops trailing trials early: usually far fewer)"
         if self.seconds_per_epoch is not None:
-            text += (f"; ≈ {self.max_epochs * self.seconds_per_epoch / 60:.1f} worker-minutes at most, at "
-                     f"{self.seconds_per_epoch:.1f} s per epoch as in {self.similar_runs} similar finished run(s)")
+            text += (
+                f"; ≈ {self.max_epochs * self.seconds_per_epoch / 60:.1f} worker-minutes at most, at "
+                f"{self.seconds_per_epoch:.1f} s per epoch as in {self.similar_runs} similar finished run(s)"
+            )
         return text
 
 
@@ -147,9 +157,15 @@ def estimate(spec: SweepSpec, engine: Engine | None = None) -> Estimate:
     """Trials, runs and epochs of the sweep; seconds per epoch from finished runs of the same data and model."""
     engine = engine or get_engine()
     page = repo.list_runs(engine, status=["completed", "early_stopped", "pruned"], limit=200)
-    similar = [r for r in page.runs if (r.spec.get("data") or {}).get("name") == spec.base.data.name
-               and (r.spec.get("model") or {}).get("name") == spec.base.model.name
-               and (r.summary or {}).get("epochs_run") and (r.summary or {}).get("wall_time_s")]
+    similar = [
+        r
+        for r in page.runs
+        if (r.spec.get("data") or {}).get("name") == spec.base.data.name
+        and (r.spec.get("model") or {}).get("name") == spec.base.model.name
+        and (r.summary or {}).get("epochs_run")
+        and (r.summary or {}).get("wall_time_s")
+    ]
     per_epoch = [r.summary["wall_time_s"] / r.summary["epochs_run"] for r in similar]
-    return Estimate(spec.trials, spec.runs(), spec.max_epochs(),
-                    statistics.median(per_epoch) if per_epoch else None, len(per_epoch))
+    return Estimate(
+        spec.trials, spec.runs(), spec.max_epochs(), statistics.median(per_epoch) if per_epoch else None, len(per_epoch)
+    )

@@ -43,7 +43,7 @@ def read_directory(fp: IO[bytes]) -> Directory | None:
     if where >= _LOCATOR64.size + _EOCD64.size:
         fp.seek(where - _LOCATOR64.size - _EOCD64.size)
         record = fp.read(_EOCD64.size + _LOCATOR64.size)
-        if record[_EOCD64.size:_EOCD64.size + 4] == b"PK\x06\x07" and record[:4] == b"PK\x06\x06":
+        if record[_EOCD64.size : _EOCD64.size + 4] == b"PK\x06\x07" and record[:4] == b"PK\x06\x06":
             *_, entries, size, _offset = _EOCD64.unpack_from(record)
             where -= _LOCATOR64.size + _EOCD64.size
     return Directory(entries, size, max(where - size, 0))
@@ -73,15 +73,20 @@ def check(fp: IO[bytes], max_entries: int, max_bytes: int) -> str | None:
         if directory is None:
             return None  # not a zip: ZipFile says so
         if directory.entries > max_entries:
-            return (f"the archive lists {directory.entries:,} entries (files and folders); at most {max_entries:,} "
-                    "are read")
+            return (
+                f"the archive lists {directory.entries:,} entries (files and folders); at most {max_entries:,} are read"
+            )
         if directory.size > max_bytes:
-            return (f"the archive's list of files is {directory.size / 2**20:,.0f} MB long; at most "
-                    f"{max_bytes / 2**20:,.0f} MB are read")
+            return (
+                f"the archive's list of files is {directory.size / 2**20:,.0f} MB long; at most "
+                f"{max_bytes / 2**20:,.0f} MB are read"
+            )
         found = count_entries(fp, directory, max_entries)
         if found > max_entries:
-            return (f"the archive holds more than {max_entries:,} entries (files and folders; its end record "
-                    f"claims {directory.entries:,}); at most {max_entries:,} are read")
+            return (
+                f"the archive holds more than {max_entries:,} entries (files and folders; its end record "
+                f"claims {directory.entries:,}); at most {max_entries:,} are read"
+            )
         return None
     finally:
         fp.seek(0)

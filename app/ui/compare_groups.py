@@ -54,8 +54,10 @@ def groups_of(runs: Sequence[RunRecord], by: str, sweep_names: Mapping[str, str]
         for key, label in _keys(r, by, sweep_names or {}):
             found.setdefault(key, (label, []))[1].append(r)
     labels = Counter(label for label, _ in found.values())
-    return [Group(f"{label} ({members[0].id[:6]})" if labels[label] > 1 else label, tuple(members))
-            for label, members in found.values()]
+    return [
+        Group(f"{label} ({members[0].id[:6]})" if labels[label] > 1 else label, tuple(members))
+        for label, members in found.values()
+    ]
 
 
 def labels_by_run(groups: Sequence[Group]) -> dict[str, str]:
@@ -67,8 +69,9 @@ def labels_by_run(groups: Sequence[Group]) -> dict[str, str]:
     return {run_id: "; ".join(labels) for run_id, labels in out.items()}
 
 
-def aligned(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-            points: int = BAND_POINTS) -> dict[str, tuple[list[float], list[float]]]:
+def aligned(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], points: int = BAND_POINTS
+) -> dict[str, tuple[list[float], list[float]]]:
     """The curves unchanged when they share their x (per-epoch metrics of runs of one spec); else each
     interpolated onto common x within its own range (finite points only), so that the band is a mean of runs."""
     grids = {tuple(float(x) for x in xs) for xs, _ in curves.values()}
@@ -95,8 +98,9 @@ def refreshed(groups: Sequence[Group], runs: Sequence[RunRecord]) -> list[Group]
     return [g for g in out if g.runs]
 
 
-def band_figures(groups: Sequence[Group], series: dict, keys: Sequence[str], xmode: str,
-                 smoothing: float, log_y: bool = False) -> list[tuple[str, go.Figure]]:
+def band_figures(
+    groups: Sequence[Group], series: dict, keys: Sequence[str], xmode: str, smoothing: float, log_y: bool = False
+) -> list[tuple[str, go.Figure]]:
     """Per metric, one mean line with a ± std band per group (smoothing applies to each run before the mean)."""
     mappers = {r.id: x_mapper(r, xmode) for g in groups for r in g.runs}
     out = []
@@ -114,9 +118,15 @@ def band_figures(groups: Sequence[Group], series: dict, keys: Sequence[str], xmo
             if not xs:
                 continue
             drawn += xs
-            fig = fig or figures.line_figure(key, [], x_title=x_title(key, xmode), height=340, log_y=log_y,
-                                            uirevision=f"compare:{key}:{xmode}:{log_y}:grouped",
-                                            x_dates=xmode == "wall")
+            fig = fig or figures.line_figure(
+                key,
+                [],
+                x_title=x_title(key, xmode),
+                height=340,
+                log_y=log_y,
+                uirevision=f"compare:{key}:{xmode}:{log_y}:grouped",
+                x_dates=xmode == "wall",
+            )
             if xmode == "wall":
                 xs = list(figures.as_dates(xs))
             add_band(fig, xs, means, stds, name=f.plot_text(g.legend), color=figures.PALETTE[i % len(figures.PALETTE)])
@@ -137,20 +147,41 @@ def group_summary(groups: Sequence[Group]) -> pd.DataFrame:
         last = [s.last_value for r in g.runs if (s := stored(r, metric)) is not None]
         (best_mean, best_std, n), (last_mean, last_std, _) = mean_std(best), mean_std(last)
         summaries = [r.summary or {} for r in g.runs]
-        rows.append({
-            "group": g.label, "runs": len(g.runs), "status": statuses_text(g.runs), "objective": metric or "",
-            "best": mean_std_text(best), "last": mean_std_text(last),
-            "best val/acc": mean_std_text([best_value(r, "val/acc") for r in g.runs]),
-            "lowest val/loss": mean_std_text([best_value(r, "val/loss") for r in g.runs]),
-            "epochs run": mean_std_text([s.get("epochs_run") for s in summaries], digits=1),
-            "time (s)": mean_std_text([s.get("wall_time_s") or f.duration_s(r) for s, r in zip(summaries, g.runs,
-                                                                                                strict=True)], digits=1),
-            "best mean": best_mean, "best std": best_std, "n": n, "last mean": last_mean, "last std": last_std,
-            "ids": " ".join(r.id for r in g.runs),
-        })
+        rows.append(
+            {
+                "group": g.label,
+                "runs": len(g.runs),
+                "status": statuses_text(g.runs),
+                "objective": metric or "",
+                "best": mean_std_text(best),
+                "last": mean_std_text(last),
+                "best val/acc": mean_std_text([best_value(r, "val/acc") for r in g.runs]),
+                "lowest val/loss": mean_std_text([best_value(r, "val/loss") for r in g.runs]),
+                "epochs run": mean_std_text([s.get("epochs_run") for s in summaries], digits=1),
+                "time (s)": mean_std_text(
+                    [s.get("wall_time_s") or f.duration_s(r) for s, r in zip(summaries, g.runs, strict=True)], digits=1
+                ),
+                "best mean": best_mean,
+                "best std": best_std,
+                "n": n,
+                "last mean": last_mean,
+                "last std": last_std,
+                "ids": " ".join(r.id for r in g.runs),
+            }
+        )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS + NUMBER_COLUMNS)
 
 
-SUMMARY_COLUMNS = ["group", "runs", "status", "objective", "best", "last", "best val/acc", "lowest val/loss",
-                   "epochs run", "time (s)"]
+SUMMARY_COLUMNS = [
+    "group",
+    "runs",
+    "status",
+    "objective",
+    "best",
+    "last",
+    "best val/acc",
+    "lowest val/loss",
+    "epochs run",
+    "time (s)",
+]
 NUMBER_COLUMNS = ["best mean", "best std", "n", "last mean", "last std", "ids"]  # in the CSV, not on screen

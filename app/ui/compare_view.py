@@ -68,16 +68,25 @@ def summary_table(runs: Sequence[RunRecord], metric: str | None = None) -> pd.Da
         summary = r.summary or {}
         best = summary.get("best") or {}
         spec = r.spec
-        rows.append({
-            "run": r.name, "id": r.id, "status": r.status, "objective": metric or "",
-            **objective_stats(r, metric), "best val/acc": best_value(r, "val/acc"),
-            "lowest val/loss": best_value(r, "val/loss"),
-            "monitored": f"{best['metric']} {best['value']:.4f}" if best.get("value") is not None else "",
-            "best epoch": best.get("epoch"), "epochs run": summary.get("epochs_run"),
-            "time (s)": summary.get("wall_time_s") or f.duration_s(r), "parameters": summary.get("parameters"),
-            "model": spec.get("model", {}).get("name"), "data": spec.get("data", {}).get("name"),
-            "lr": spec.get("optim", {}).get("lr"),
-        })
+        rows.append(
+            {
+                "run": r.name,
+                "id": r.id,
+                "status": r.status,
+                "objective": metric or "",
+                **objective_stats(r, metric),
+                "best val/acc": best_value(r, "val/acc"),
+                "lowest val/loss": best_value(r, "val/loss"),
+                "monitored": f"{best['metric']} {best['value']:.4f}" if best.get("value") is not None else "",
+                "best epoch": best.get("epoch"),
+                "epochs run": summary.get("epochs_run"),
+                "time (s)": summary.get("wall_time_s") or f.duration_s(r),
+                "parameters": summary.get("parameters"),
+                "model": spec.get("model", {}).get("name"),
+                "data": spec.get("data", {}).get("name"),
+                "lr": spec.get("optim", {}).get("lr"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -151,8 +160,9 @@ def load_series(runs: Sequence[RunRecord], keys: Sequence[str], max_points: int)
 LEGEND_RUNS = 20  # more runs than this on a chart: no legend, hover a line for its run
 
 
-def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], xmode: str,
-                  smoothing: float, log_y: bool = False) -> list[tuple[str, go.Figure]]:
+def curve_figures(
+    runs: Sequence[RunRecord], series: dict, keys: Sequence[str], xmode: str, smoothing: float, log_y: bool = False
+) -> list[tuple[str, go.Figure]]:
     labels = _labels(runs)
     mappers = {r.id: x_mapper(r, xmode) for r in runs}
     out = []
@@ -162,12 +172,27 @@ def curve_figures(runs: Sequence[RunRecord], series: dict, keys: Sequence[str], 
             s: Series | None = series.get(r.id, {}).get(key)
             if s is None or not s.steps:
                 continue
-            traces.append(figures.Trace(label, x_values(r, s, key, mappers[r.id], xmode), s.values,
-                                       markers=per_epoch(key), color=figures.PALETTE[i % len(figures.PALETTE)]))
+            traces.append(
+                figures.Trace(
+                    label,
+                    x_values(r, s, key, mappers[r.id], xmode),
+                    s.values,
+                    markers=per_epoch(key),
+                    color=figures.PALETTE[i % len(figures.PALETTE)],
+                )
+            )
         if traces:
-            fig = figures.line_figure(key, traces, x_title=x_title(key, xmode), smoothing=smoothing,
-                                     uirevision=f"compare:{key}:{xmode}:{log_y}", height=340, log_y=log_y,
-                                     x_dates=xmode == "wall", whole_x=whole_x(key, xmode))
+            fig = figures.line_figure(
+                key,
+                traces,
+                x_title=x_title(key, xmode),
+                smoothing=smoothing,
+                uirevision=f"compare:{key}:{xmode}:{log_y}",
+                height=340,
+                log_y=log_y,
+                x_dates=xmode == "wall",
+                whole_x=whole_x(key, xmode),
+            )
             if len(traces) > LEGEND_RUNS:  # a legend of 100 names would bury the chart: hover names the run
                 fig.update_layout(showlegend=False, hovermode="closest")
             out.append((key, fig))
@@ -212,16 +237,18 @@ def x_mapper(r: RunRecord, xmode: str):
     return lambda steps: [origin + x for x in relative(steps)]
 
 
-def full_curves_csv(engine, runs: Sequence[RunRecord], keys: Sequence[str],
-                    groups: Mapping[str, str] | None = None) -> bytes:
+def full_curves_csv(
+    engine, runs: Sequence[RunRecord], keys: Sequence[str], groups: Mapping[str, str] | None = None
+) -> bytes:
     """Every stored point of the chosen metrics (not the charts' downsampled series), one row each: run, key,
     step, epoch, value (NaN as nan), wall_time (Unix seconds); with `groups` (run id -> group label), the
     group of each run too. Built when the user clicks the download button, streamed from the database."""
     wanted = set(keys)
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
-    out.writerow(["run_id", "run", *(["group"] if groups is not None else []), "key", "step", "epoch", "value",
-                  "wall_time"])
+    out.writerow(
+        ["run_id", "run", *(["group"] if groups is not None else []), "key", "step", "epoch", "value", "wall_time"]
+    )
     for r in runs:
         extra = [groups.get(r.id, "")] if groups is not None else []
         for key, step, epoch, value, wall in repo.iter_points(engine, r.id):
@@ -230,8 +257,9 @@ def full_curves_csv(engine, runs: Sequence[RunRecord], keys: Sequence[str],
     return buf.getvalue().encode()
 
 
-def csv_builder(runs: Sequence[RunRecord], keys: Sequence[str],
-                groups: Mapping[str, str] | None = None) -> Callable[[], bytes]:
+def csv_builder(
+    runs: Sequence[RunRecord], keys: Sequence[str], groups: Mapping[str, str] | None = None
+) -> Callable[[], bytes]:
     """full_curves_csv for a download button that builds it on click (engine taken now, in the script)."""
     engine, runs, keys = queries.engine(), tuple(runs), tuple(keys)
     return lambda: full_curves_csv(engine, runs, keys, groups)

@@ -42,12 +42,21 @@ def scores_panel(r: RunRecord, data: Mapping[str, Any]) -> None:
     st.markdown("**Per-class precision, recall and F1** (validation)")
     pct = st.column_config.NumberColumn(format="%.1f%%")
     shown = table.assign(**{k: table[k] * 100 for k in ("precision", "recall", "f1")})
-    st.dataframe(shown, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 420),
-                 column_config={"precision": pct, "recall": pct,
-                                "f1": st.column_config.NumberColumn("F1", format="%.1f%%")})
-    st.download_button("Per-class metrics as CSV", table.to_csv(index=False).encode(), mime="text/csv",
-                       file_name=f"{r.id}-per-class-epoch{data.get('epoch', 'last')}.csv", icon=":material/table_view:",
-                       key=f"run.class_csv.{r.id}")
+    st.dataframe(
+        shown,
+        hide_index=True,
+        width="stretch",
+        height=min(38 + 35 * len(table), 420),
+        column_config={"precision": pct, "recall": pct, "f1": st.column_config.NumberColumn("F1", format="%.1f%%")},
+    )
+    st.download_button(
+        "Per-class metrics as CSV",
+        table.to_csv(index=False).encode(),
+        mime="text/csv",
+        file_name=f"{r.id}-per-class-epoch{data.get('epoch', 'last')}.csv",
+        icon=":material/table_view:",
+        key=f"run.class_csv.{r.id}",
+    )
 
 
 def _cells(png: bytes, meta: Mapping[str, Any]) -> list[Any]:
@@ -83,10 +92,13 @@ def gallery_panel(r: RunRecord) -> None:
         return
     images, meta = found
     items = meta.get("items") or []
-    st.markdown(f"**Most confident mistakes** at the best epoch ({f.md_text(meta.get('epoch', '?'))}): "
-                f"{len(items)} validation samples")
-    captions = [f.md_text(f"{i.get('true')} → {i.get('predicted')} ({float(i.get('confidence', 0)):.0%})")
-                for i in items]  # a caption renders Markdown: class names as text
+    st.markdown(
+        f"**Most confident mistakes** at the best epoch ({f.md_text(meta.get('epoch', '?'))}): "
+        f"{len(items)} validation samples"
+    )
+    captions = [
+        f.md_text(f"{i.get('true')} → {i.get('predicted')} ({float(i.get('confidence', 0)):.0%})") for i in items
+    ]  # a caption renders Markdown: class names as text
     st.image(images, caption=captions, width=SHOWN_PX)
     pairs = meta.get("top_confusions") or []
     if pairs:
@@ -115,12 +127,24 @@ def histogram_figure(title: str, steps: Sequence[int], columns: Sequence[Sequenc
         total = sum(col) or 1
         for b, n in enumerate(col[:HIST_BINS]):
             z[b][j], counts[b][j] = n / total, int(n)
-    fig = go.Figure(go.Heatmap(z=z, x=list(steps), y=centers, customdata=counts, colorscale="Viridis", zmin=0,
-                               colorbar={"title": "share"},
-                               hovertemplate="step %{x}<br>log10 |value| ≈ %{y}<br>%{customdata} values (%{z:.1%})"
-                                             "<extra></extra>"))
-    fig.update_layout(title={"text": f.plot_text(title), "font": {"size": 14}}, height=360, uirevision=uirevision,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(steps),
+            y=centers,
+            customdata=counts,
+            colorscale="Viridis",
+            zmin=0,
+            colorbar={"title": "share"},
+            hovertemplate="step %{x}<br>log10 |value| ≈ %{y}<br>%{customdata} values (%{z:.1%})<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title={"text": f.plot_text(title), "font": {"size": 14}},
+        height=360,
+        uirevision=uirevision,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+    )
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="log10 |value|")
     return fig
@@ -130,19 +154,27 @@ def histogram_panel(r: RunRecord, events: Sequence[EventRecord]) -> None:
     """Per layer group (picked), the weights' and the gradients' histograms as heat maps over steps."""
     hist = histogram_events(events)
     if not hist:
-        st.caption(f"Weight and gradient histograms appear every train.diag_every steps "
-                   f"({HIST_BINS} bins of log10 |value| from {HIST_RANGE[0]:g} to {HIST_RANGE[1]:g}).")
+        st.caption(
+            f"Weight and gradient histograms appear every train.diag_every steps "
+            f"({HIST_BINS} bins of log10 |value| from {HIST_RANGE[0]:g} to {HIST_RANGE[1]:g})."
+        )
         return
     groups = list(dict.fromkeys(g for e in hist for g in (e.data or {}).get("weight", {})))
     st.markdown("**Weight and gradient histograms** per layer group")
-    group = st.selectbox("Layer group", groups, key=f"run.hist_group.{r.id}", format_func=str,
-                         help="Values beyond the range are counted in its first or last bin.")
+    group = st.selectbox(
+        "Layer group",
+        groups,
+        key=f"run.hist_group.{r.id}",
+        format_func=str,
+        help="Values beyond the range are counted in its first or last bin.",
+    )
     left, right = st.columns(2)
     for col, what, label in ((left, "weight", "Weights"), (right, "grad", "Gradients")):
         rows = [(_step(e), e.data[what][group]) for e in hist if group in ((e.data or {}).get(what) or {})]
         if not rows:
             col.caption(f"No {label.lower()} recorded for this group.")
             continue
-        fig = histogram_figure(f"{label}: {group}", [s for s, _ in rows], [c for _, c in rows],
-                               uirevision=f"{r.id}:hist:{what}")
+        fig = histogram_figure(
+            f"{label}: {group}", [s for s, _ in rows], [c for _, c in rows], uirevision=f"{r.id}:hist:{what}"
+        )
         col.plotly_chart(fig, key=f"run.hist.{what}.{r.id}", config={"displaylogo": False})

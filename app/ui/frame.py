@@ -18,6 +18,7 @@ from db.migrate import check_schema
 from db.repo import FollowedRun, SchemaOutOfDate, followed
 from db.types import utcnow
 
+
 @dataclass(frozen=True)
 class PageInfo:
     """One page of the dashboard, for the navigation (app/main.py) and for st.switch_page / st.page_link."""
@@ -51,9 +52,16 @@ def navigation(root: Path) -> dict[str, list]:
     """The pages by section, as st.navigation takes them (`root`: the folder of app/main.py)."""
     sections: dict[str, list] = {}
     for p in PAGES:
-        sections.setdefault(p.section, []).append(st.Page(
-            root / p.path, title=p.title, icon=p.icon, url_path=p.url_path, default=p.default,
-            visibility="hidden" if p.hidden else "visible"))
+        sections.setdefault(p.section, []).append(
+            st.Page(
+                root / p.path,
+                title=p.title,
+                icon=p.icon,
+                url_path=p.url_path,
+                default=p.default,
+                visibility="hidden" if p.hidden else "visible",
+            )
+        )
     return sections
 
 
@@ -92,7 +100,9 @@ def sidebar() -> None:
             running, queued = _active_counts(queries.db_url())
             st.caption(f"{running} running · {queued} queued")
         url = queries.db_url()
-        st.caption(f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}")
+        st.caption(
+            f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}"
+        )
         st.caption(f"broker: {code_span(redact(broker_url().split('@')[-1]))}")
         if _schema_problem(queries.db_url()) is None and followed_runs():
             st.fragment(_follow_panel, run_every=FOLLOW_EVERY_S)()
@@ -146,14 +156,21 @@ def ended_since_seen(rows: list[FollowedRun]) -> list[FollowedRun]:
 def _follow_panel() -> None:
     rows = followed_runs()
     for row in ended_since_seen(rows):
-        st.toast(f"Run **{md_text(row.name)}** {status_label(row.status)}",
-                 icon=f":material/{STATUS_ICON.get(row.status, 'info')}:", duration="long")
+        st.toast(
+            f"Run **{md_text(row.name)}** {status_label(row.status)}",
+            icon=f":material/{STATUS_ICON.get(row.status, 'info')}:",
+            duration="long",
+        )
     if not rows:
         return
     st.caption(f":material/notifications: following {len(rows)} run{'s' if len(rows) != 1 else ''}")
     for row in rows[-FOLLOW_SHOWN:]:  # the newest follows
-        st.page_link(RUN, label=f"{md_text(row.name)} · {status_label(row.status)}", query_params={"id": row.run_id},
-                     icon=f":material/{STATUS_ICON.get(row.status, 'circle')}:")
+        st.page_link(
+            RUN,
+            label=f"{md_text(row.name)} · {status_label(row.status)}",
+            query_params={"id": row.run_id},
+            icon=f":material/{STATUS_ICON.get(row.status, 'circle')}:",
+        )
     if len(rows) > FOLLOW_SHOWN:
         st.caption(f"and {len(rows) - FOLLOW_SHOWN} more")
 

@@ -43,8 +43,11 @@ def gate() -> User:
             st.stop()
         return local_user()
     if not _sign_in_configured():  # started with `streamlit run` instead of `torchdeck ui` / `torchdeck up`
-        st.error(f"{MODE_ENV}=team requires sign-in, and this dashboard was started without it. Start it with "
-                 "`torchdeck ui` (or `torchdeck up`), with the TORCHDECK_OIDC_* variables set.", icon=":material/lock:")
+        st.error(
+            f"{MODE_ENV}=team requires sign-in, and this dashboard was started without it. Start it with "
+            "`torchdeck ui` (or `torchdeck up`), with the TORCHDECK_OIDC_* variables set.",
+            icon=":material/lock:",
+        )
         st.stop()
     user = current_user()
     if user is None:
@@ -96,9 +99,12 @@ def sign_in_screen() -> None:
 def not_a_member_screen(user: User) -> None:
     """Signed in, but matching no allow-list entry: who they are (the key an admin adds), and Sign out."""
     st.title(":material/local_fire_department: torchdeck")
-    st.error(f"{md_text(user.name)} is signed in but not a member of this dashboard; ask an admin to add you to "
-             f"{ALLOWED_USERS_ENV} (or your e-mail's domain to {ALLOWED_DOMAINS_ENV}, or you to a group of "
-             f"{ALLOWED_GROUPS_ENV}).", icon=":material/block:")
+    st.error(
+        f"{md_text(user.name)} is signed in but not a member of this dashboard; ask an admin to add you to "
+        f"{ALLOWED_USERS_ENV} (or your e-mail's domain to {ALLOWED_DOMAINS_ENV}, or you to a group of "
+        f"{ALLOWED_GROUPS_ENV}).",
+        icon=":material/block:",
+    )
     mail = f"verified e-mail {md_text(user.email)}" if user.email else "no verified e-mail"
     st.caption(f"Your account: {code_span(user.id)}, {mail}.")
     st.button("Sign out", type="primary", icon=":material/logout:", key="auth.sign_out", on_click=st.logout)

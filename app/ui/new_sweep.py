@@ -99,8 +99,11 @@ def _default_range(x: FormField, base: dict[str, Any]) -> dict[str, Any]:
         low, high = next(((a, b) for a, b in tries if a < b and _valid(base, x.path, [a, b])), tries[-1])
         return {"low": low, "high": high, "num": 3, "values": ""}
     v = float(v or 0.0)
-    tries = [(v / 10, v * 10, "log"), (v / 10, v, "log"), (v / 2, v * 2, "log")] if v > 0 else \
-        [(v, v + 0.1, "linear"), (v, v + 1.0, "linear")]
+    tries = (
+        [(v / 10, v * 10, "log"), (v / 10, v, "log"), (v / 2, v * 2, "log")]
+        if v > 0
+        else [(v, v + 0.1, "linear"), (v, v + 1.0, "linear")]
+    )
     low, high, scale = next(((a, b, s) for a, b, s in tries if _valid(base, x.path, [a, b])), tries[0])
     return {"low": float(f"{low:.6g}"), "high": float(f"{high:.6g}"), "scale": scale, "num": 3, "values": ""}
 
@@ -137,8 +140,14 @@ def draw_field(x: FormField, slots: dict[str, Any]) -> None:
 def _range(x: FormField) -> None:
     k = lambda part: part_key(x.path, part)  # noqa: E731
     if x.kind in CHOICES:
-        st.multiselect("values", _options(x), key=k("values"), format_func=str, placeholder="values to try…",
-                       help="The sweep picks among these values.")
+        st.multiselect(
+            "values",
+            _options(x),
+            key=k("values"),
+            format_func=str,
+            placeholder="values to try…",
+            help="The sweep picks among these values.",
+        )
         return
     ref = x.default if isinstance(x.default, (int, float)) and x.default else 0.01  # fixed: the step is in its id
     step, fmt = (1, "%d") if x.kind == "int" else (10 ** math.floor(math.log10(abs(ref))), "%g")
@@ -147,14 +156,28 @@ def _range(x: FormField) -> None:
     b.number_input("high", step=step, format=fmt, key=k("high"))
     c, d = st.columns(2)
     if x.kind == "float":
-        c.selectbox("scale", ("log", "linear"), key=k("scale"),
-                    help="log: evenly in log space (learning rates, weight decay); linear: evenly.")
+        c.selectbox(
+            "scale",
+            ("log", "linear"),
+            key=k("scale"),
+            help="log: evenly in log space (learning rates, weight decay); linear: evenly.",
+        )
     (c if x.kind == "int" else d).number_input(
-        "grid points", min_value=2, max_value=200, step=1, key=k("num"), placeholder="every integer" if
-        x.kind == "int" else "–", help="Values of the range a grid tries (evenly spaced; geometrically on a log "
-        "scale). Random and TPE sample the whole range.")
-    st.text_input("or exactly these values", key=k("values"), placeholder="e.g. 1, 3, 10",
-                  help="Comma-separated: the sweep picks among them (low and high are then unused).")
+        "grid points",
+        min_value=2,
+        max_value=200,
+        step=1,
+        key=k("num"),
+        placeholder="every integer" if x.kind == "int" else "–",
+        help="Values of the range a grid tries (evenly spaced; geometrically on a log "
+        "scale). Random and TPE sample the whole range.",
+    )
+    st.text_input(
+        "or exactly these values",
+        key=k("values"),
+        placeholder="e.g. 1, 3, 10",
+        help="Comma-separated: the sweep picks among them (low and high are then unused).",
+    )
 
 
 @dataclass
@@ -169,19 +192,50 @@ class Section:
 
 # The Sweep section: SweepSpec field -> (label, default, the widget's arguments: options make a selectbox, help).
 WIDGETS: dict[str, tuple[str, Any, dict[str, Any]]] = {
-    "method": ("method", "grid", {"options": SWEEP_METHODS, "help": "grid: every combination; random: sampled; "
-                                  "tpe: Bayesian (Optuna's TPE)."}),
-    "budget.trials": ("trials", None, {"min_value": 1, "max_value": MAX_TRIALS, "placeholder": "auto",
-                                       "help": "Configurations to try. Empty: a grid's size, else 20."}),
+    "method": (
+        "method",
+        "grid",
+        {"options": SWEEP_METHODS, "help": "grid: every combination; random: sampled; tpe: Bayesian (Optuna's TPE)."},
+    ),
+    "budget.trials": (
+        "trials",
+        None,
+        {
+            "min_value": 1,
+            "max_value": MAX_TRIALS,
+            "placeholder": "auto",
+            "help": "Configurations to try. Empty: a grid's size, else 20.",
+        },
+    ),
     "budget.parallel": ("at once", 1, {"min_value": 1, "max_value": 256, "help": "Configurations in flight at once."}),
-    "seeds": ("seeds", 1, {"min_value": 1, "max_value": 20, "help": "Runs per configuration (base seed, +1, …): "
-                           "its objective is their mean ± std."}),
-    "objective.metric": ("objective", AUTO, {"options": (AUTO, *OBJECTIVES), "help": "The per-epoch metric "
-                                             "to optimise. auto: the early-stopping monitor."}),
-    "objective.mode": ("goal", "auto", {"options": ("auto", "max", "min"), "help": "auto: min for losses, max for "
-                                        "accuracies and F1."}),
-    "pruner.kind": ("pruner", "none", {"options": PRUNERS, "help": "Stop trailing trials early: median (below the "
-                                       "median of completed trials at that epoch) or asha (successive halving)."}),
+    "seeds": (
+        "seeds",
+        1,
+        {
+            "min_value": 1,
+            "max_value": 20,
+            "help": "Runs per configuration (base seed, +1, …): its objective is their mean ± std.",
+        },
+    ),
+    "objective.metric": (
+        "objective",
+        AUTO,
+        {"options": (AUTO, *OBJECTIVES), "help": "The per-epoch metric to optimise. auto: the early-stopping monitor."},
+    ),
+    "objective.mode": (
+        "goal",
+        "auto",
+        {"options": ("auto", "max", "min"), "help": "auto: min for losses, max for accuracies and F1."},
+    ),
+    "pruner.kind": (
+        "pruner",
+        "none",
+        {
+            "options": PRUNERS,
+            "help": "Stop trailing trials early: median (below the "
+            "median of completed trials at that epoch) or asha (successive halving).",
+        },
+    ),
 }
 DEFAULTS = {name: default for name, (_, default, _) in WIDGETS.items()}
 
@@ -191,8 +245,10 @@ def section() -> Section:
     with st.container(border=True):
         st.markdown("**Sweep**")
         if not swept():
-            st.caption("To try several values of a field, tick **sweep** beside it (numeric and choice fields), "
-                       "then press **Set up sweep**. Or fill the form from a sweep YAML above.")
+            st.caption(
+                "To try several values of a field, tick **sweep** beside it (numeric and choice fields), "
+                "then press **Set up sweep**. Or fill the form from a sweep YAML above."
+            )
             info = st.empty()
             return Section(False, info, setup=st.form_submit_button("Set up sweep", icon=":material/tune:"))
         out = Section(True)
@@ -203,8 +259,9 @@ def section() -> Section:
         out.info = st.empty()
         a, b, _ = st.columns([1, 1, 2])
         out.check = a.form_submit_button("Check sweep", icon=":material/rule:", width="stretch")
-        out.launch = b.form_submit_button("Launch sweep", type="primary", icon=":material/rocket_launch:",
-                                          width="stretch")
+        out.launch = b.form_submit_button(
+            "Launch sweep", type="primary", icon=":material/rocket_launch:", width="stretch"
+        )
     return out
 
 
@@ -235,8 +292,9 @@ def _numbers(text: str, kind: type) -> list[Any]:
     try:
         return [kind(p) for p in re.split(r"[,;\s]+", text) if p]
     except ValueError:
-        raise ValueError(f"values: {'whole ' if kind is int else ''}numbers separated by commas, e.g. 1, 3, 10") \
-            from None
+        raise ValueError(
+            f"values: {'whole ' if kind is int else ''}numbers separated by commas, e.g. 1, 3, 10"
+        ) from None
 
 
 def build(base: RunSpec) -> tuple[SweepSpec | None, list[tuple[str, str]]]:
@@ -252,11 +310,17 @@ def build(base: RunSpec) -> tuple[SweepSpec | None, list[tuple[str, str]]]:
     get = lambda name: st.session_state.get(K(name), DEFAULTS[name])  # noqa: E731
     extra = st.session_state.get(K("extra")) or {}
     metric = get("objective.metric")
-    data = {"name": base.name, "base": base.model_dump(mode="json"), "space": space, "method": get("method"),
-            "objective": {"metric": None if metric == AUTO else metric, "mode": get("objective.mode")},
-            "budget": {"trials": get("budget.trials"), "parallel": get("budget.parallel")},
-            "pruner": {**extra.get("pruner", {}), "kind": get("pruner.kind")}, "seeds": get("seeds"),
-            "seed": extra.get("seed")}
+    data = {
+        "name": base.name,
+        "base": base.model_dump(mode="json"),
+        "space": space,
+        "method": get("method"),
+        "objective": {"metric": None if metric == AUTO else metric, "mode": get("objective.mode")},
+        "budget": {"trials": get("budget.trials"), "parallel": get("budget.parallel")},
+        "pruner": {**extra.get("pruner", {}), "kind": get("pruner.kind")},
+        "seeds": get("seeds"),
+        "seed": extra.get("seed"),
+    }
     try:
         return SweepSpec.from_dict(data), []
     except SweepSpecError as e:
@@ -284,26 +348,37 @@ def after_form(base: RunSpec | None, sec: Section, slots: dict[str, Any], *, own
     """The trial count and the estimate (or the errors, beside their fields), the launch, the YAML download."""
     if not sec.active:
         if sec.setup:
-            sec.info.warning("No field is swept yet: tick **sweep** beside a numeric or choice field first.",
-                             icon=":material/tune:")
+            sec.info.warning(
+                "No field is swept yet: tick **sweep** beside a numeric or choice field first.", icon=":material/tune:"
+            )
         return
     if base is None:
-        sec.info.warning("Fix the run's fields first (see the messages beside them): every trial starts from them.",
-                         icon=":material/error:")
+        sec.info.warning(
+            "Fix the run's fields first (see the messages beside them): every trial starts from them.",
+            icon=":material/error:",
+        )
         return
     spec, errors = build(base)
     if spec is None:
         by_field, general = place(errors)
         spec_form.show_errors({**slots, **sec.slots}, by_field)
         text = "".join(f"\n\n{f.md_text(g, multiline=True)}" for g in general)
-        sec.info.error(f"The sweep has {len(errors)} problem(s): see the messages beside the fields.{text}",
-                       icon=":material/error:")
+        sec.info.error(
+            f"The sweep has {len(errors)} problem(s): see the messages beside the fields.{text}",
+            icon=":material/error:",
+        )
         return
     sec.info.info(f.md_text(sweep_view.estimate(spec).describe(spec.pruner.kind)), icon=":material/calculate:")
     if sec.launch:
         launch(spec, slots | sec.slots, owner=owner, tags=tags)
-    st.download_button("Download sweep as YAML", spec.to_yaml(), file_name=f"{spec.name or 'sweep'}.yaml",
-                       mime="application/yaml", icon=":material/download:", key=K("download"))
+    st.download_button(
+        "Download sweep as YAML",
+        spec.to_yaml(),
+        file_name=f"{spec.name or 'sweep'}.yaml",
+        mime="application/yaml",
+        icon=":material/download:",
+        key=K("download"),
+    )
 
 
 def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str]) -> None:
@@ -316,8 +391,10 @@ def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str
         return
     queries.clear()
     first = min(spec.budget.parallel, spec.trials)
-    st.success(f"Sweep **{f.md_text(record.name)}** launched: {spec.trials} trials, the first {first} queued.",
-               icon=":material/rocket_launch:")
+    st.success(
+        f"Sweep **{f.md_text(record.name)}** launched: {spec.trials} trials, the first {first} queued.",
+        icon=":material/rocket_launch:",
+    )
     st.page_link(frame.SWEEP, label="Open the sweep", query_params={"id": record.id}, icon=":material/tune:")
     run_view.waiting_for(run_queue(spec.base))
 
@@ -325,8 +402,10 @@ def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str
 def single_run_refused() -> str:
     """Why Launch run does not launch while fields are swept (the sweep would be silently dropped)."""
     names = ", ".join(f.code_span(x.path) for x in swept())
-    return names and (f"Set to sweep: {names}. Press **Launch sweep** in the Sweep section, or untick **sweep** "
-                      "beside them to launch a single run.")
+    return names and (
+        f"Set to sweep: {names}. Press **Launch sweep** in the Sweep section, or untick **sweep** "
+        "beside them to launch a single run."
+    )
 
 
 # --- a sweep YAML into the form -----------------------------------------------------------------------------
@@ -334,8 +413,13 @@ def yaml_bar(load_into_form: Callable[[dict, str], None]) -> None:
     """Upload or paste a sweep (with `base:` inside): its base fills the run form, its space the sweep boxes."""
     with st.expander("Sweep from YAML: a whole sweep, its run spec under `base:`", icon=":material/tune:"):
         upload = st.file_uploader("Sweep YAML file", type=["yaml", "yml"], key=K("upload"))
-        text = st.text_area("…or paste it", key=K("paste"), height=140, placeholder="base: {data: {name: digits}}\n"
-                            "space: {optim.lr: {loguniform: [1.0e-4, 1.0e-2], num: 3}}\nmethod: grid")
+        text = st.text_area(
+            "…or paste it",
+            key=K("paste"),
+            height=140,
+            placeholder="base: {data: {name: digits}}\n"
+            "space: {optim.lr: {loguniform: [1.0e-4, 1.0e-2], num: 3}}\nmethod: grid",
+        )
         if upload is not None and st.session_state.get(K("upload_id")) != upload.file_id:
             st.session_state[K("upload_id")] = upload.file_id
             _load(upload.getvalue().decode("utf-8", "replace"), f"sweep file {f.md_text(upload.name)}", load_into_form)
@@ -391,12 +475,18 @@ def _parts_of(x: FormField, p: ParamSpec, method: str) -> tuple[dict[str, Any], 
     if listed:
         values = [cast(v) for v in (p.choice if p.choice is not None else p.grid())]
         note = "its step is shown as the values it gives" if p.step is not None else None
-        return {"low": min(values), "high": max(values), "scale": "linear", "num": None,
-                "values": ", ".join(f"{v:g}" for v in values)}, note
+        return {
+            "low": min(values),
+            "high": max(values),
+            "scale": "linear",
+            "num": None,
+            "values": ", ".join(f"{v:g}" for v in values),
+        }, note
     low, high = p.uniform or p.loguniform or p.int_
     if p.step is not None:  # random or TPE over more values than the form lists: the range, sampled evenly
-        return {"low": cast(low), "high": cast(high), "scale": "linear", "num": None, "values": ""}, \
-            (f"its step {p.step:g} gives {p.points():,} values, more than the form lists ({MAX_CHOICES}): the form "
-             "samples the range evenly instead")
+        return {"low": cast(low), "high": cast(high), "scale": "linear", "num": None, "values": ""}, (
+            f"its step {p.step:g} gives {p.points():,} values, more than the form lists ({MAX_CHOICES}): the form "
+            "samples the range evenly instead"
+        )
     scale = "log" if p.loguniform is not None else "linear"
     return {"low": cast(low), "high": cast(high), "scale": scale, "num": p.num, "values": ""}, None

@@ -85,29 +85,75 @@ def finding_text(found: overview.Findings | None) -> str:
 def _run_row(r: RunRecord, owners: dict[str, str], found: dict, curves: dict) -> dict:
     key = objective(r)
     last, best = objective_values(r, key)
-    return {"run": r.name, "owner": owners.get(r.owner, r.owner), "status": f.status_label(r.status),
-            "objective": key, "value": last, "best": best, "diagnosis": finding_text(found.get(r.id)),
-            "loss": curves.get((r.id, TRAIN_LOSS), []),
-            "objective curve": curves.get((r.id, catalog.stored_key(key)), []),
-            "open": f"run?id={r.id}"}
+    return {
+        "run": r.name,
+        "owner": owners.get(r.owner, r.owner),
+        "status": f.status_label(r.status),
+        "objective": key,
+        "value": last,
+        "best": best,
+        "diagnosis": finding_text(found.get(r.id)),
+        "loss": curves.get((r.id, TRAIN_LOSS), []),
+        "objective curve": curves.get((r.id, catalog.stored_key(key)), []),
+        "open": f"run?id={r.id}",
+    }
 
 
 def running_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, curves: dict) -> pd.DataFrame:
-    rows = [{**_run_row(r, owners, found, curves), "progress": r.progress or 0.0, "ETA": f.seconds(f.eta_s(r)),
-             "worker": r.worker_id or "–", "device": r.device or "–"} for r in runs]
+    rows = [
+        {
+            **_run_row(r, owners, found, curves),
+            "progress": r.progress or 0.0,
+            "ETA": f.seconds(f.eta_s(r)),
+            "worker": r.worker_id or "–",
+            "device": r.device or "–",
+        }
+        for r in runs
+    ]
     return pd.DataFrame(rows, columns=RUNNING_COLUMNS)
 
 
 def finished_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, curves: dict) -> pd.DataFrame:
-    rows = [{**_run_row(r, owners, found, curves), "finished": f"{f.seconds(f.age_s(r.finished_at))} ago",
-             "took": f.seconds(f.duration_s(r))} for r in runs]
+    rows = [
+        {
+            **_run_row(r, owners, found, curves),
+            "finished": f"{f.seconds(f.age_s(r.finished_at))} ago",
+            "took": f.seconds(f.duration_s(r)),
+        }
+        for r in runs
+    ]
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 
 
-RUNNING_COLUMNS = ["run", "owner", "progress", "ETA", "worker", "device", "objective", "value", "best", "diagnosis",
-                   "loss", "objective curve", "open"]
-FINISHED_COLUMNS = ["run", "owner", "status", "finished", "took", "objective", "value", "best", "diagnosis", "loss",
-                    "objective curve", "open"]
+RUNNING_COLUMNS = [
+    "run",
+    "owner",
+    "progress",
+    "ETA",
+    "worker",
+    "device",
+    "objective",
+    "value",
+    "best",
+    "diagnosis",
+    "loss",
+    "objective curve",
+    "open",
+]
+FINISHED_COLUMNS = [
+    "run",
+    "owner",
+    "status",
+    "finished",
+    "took",
+    "objective",
+    "value",
+    "best",
+    "diagnosis",
+    "loss",
+    "objective curve",
+    "open",
+]
 QUEUED_COLUMNS = ["position", "queue", "run", "owner", "status", "waiting", "who can take it", "open"]
 
 
@@ -119,8 +165,7 @@ def takers(status: QueueStatus) -> str:
     return names + (f" and {len(status.workers) - 3} more" if len(status.workers) > 3 else "")
 
 
-def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, QueueStatus]
-                 ) -> pd.DataFrame:
+def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, QueueStatus]) -> pd.DataFrame:
     """Each waiting run's position in its own queue (by creation: the order a worker takes them)."""
     seen: dict[str, int] = {}
     rows = []
@@ -128,9 +173,18 @@ def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[s
         queue = queue_of(r.spec)
         seen[queue] = seen.get(queue, 0) + 1
         if len(rows) < SHOWN_QUEUED:
-            rows.append({"position": seen[queue], "queue": queue, "run": r.name, "owner": owners.get(r.owner, r.owner),
-                         "status": f.status_label(r.status), "waiting": f.seconds(f.age_s(r.created_at)),
-                         "who can take it": takers(statuses[queue]), "open": f"run?id={r.id}"})
+            rows.append(
+                {
+                    "position": seen[queue],
+                    "queue": queue,
+                    "run": r.name,
+                    "owner": owners.get(r.owner, r.owner),
+                    "status": f.status_label(r.status),
+                    "waiting": f.seconds(f.age_s(r.created_at)),
+                    "who can take it": takers(statuses[queue]),
+                    "open": f"run?id={r.id}",
+                }
+            )
     return pd.DataFrame(rows, columns=QUEUED_COLUMNS)
 
 
@@ -140,8 +194,11 @@ def attention(runs: list[RunRecord], found: dict[str, overview.Findings]) -> tup
     for r in runs:
         if (hit := found.get(r.id)) is not None:
             e = hit.latest
-            out.append(Attention(r.id, r.name, r.status, e.level, e.code or (e.data or {}).get("code") or "",
-                                 e.message, hit.count))
+            out.append(
+                Attention(
+                    r.id, r.name, r.status, e.level, e.code or (e.data or {}).get("code") or "", e.message, hit.count
+                )
+            )
     order = {a.run_id: found[a.run_id].latest.id for a in out}
     return tuple(sorted(out, key=lambda a: (a.level != "error", a.status != "running", -order[a.run_id])))
 
@@ -153,23 +210,26 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
     done = repo.list_runs(engine, status=list(FINISHED_STATUSES), sort="finished_at", limit=MAX_FINISHED)
     since = now - timedelta(seconds=window_s)
     recent = [r for r in done.runs if r.finished_at is not None and r.finished_at >= since]
-    queued = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False,
-                            limit=MAX_QUEUED)
+    queued = repo.list_runs(
+        engine, status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False, limit=MAX_QUEUED
+    )
     shown = [*running.runs, *recent]
     found = overview.findings(engine, [r.id for r in shown])
-    curves = overview.curves(engine, [(r.id, key) for r in shown
-                                      for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))])
+    curves = overview.curves(
+        engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))]
+    )
     owners = owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
-    statuses = {q: queue_status(q, engine=engine)
-                for q in sorted({queue_of(r.spec) for r in queued.runs})}
+    statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in queued.runs})}
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),
         queued=queued_frame(list(queued.runs), owners, statuses),
         attention=attention(shown, found),
         unserved=tuple(s.message() for s in statuses.values() if not s.served),
-        running_total=running.total, queued_total=queued.total,
-        finished_more=len(recent) == len(done.runs) and done.total > len(done.runs))
+        running_total=running.total,
+        queued_total=queued.total,
+        finished_more=len(recent) == len(done.runs) and done.total > len(done.runs),
+    )
 
 
 @st.cache_data(ttl=1, show_spinner=False, max_entries=16)
@@ -184,15 +244,18 @@ def snapshot(window_s: float) -> Snapshot:
 
 # --- panels -----------------------------------------------------------------------------------------------------
 
+
 def _columns() -> dict:
     cc = st.column_config
-    return {"progress": cc.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-            "value": cc.NumberColumn("value", format="%.4f", help="The objective's last value."),
-            "best": cc.NumberColumn("best", format="%.4f", help="The objective's best value so far."),
-            "diagnosis": cc.TextColumn("diagnosis", help="The latest diagnosis warning or error (and how many more)."),
-            "loss": cc.LineChartColumn("train/loss", help="The whole run's training loss."),
-            "objective curve": cc.LineChartColumn("objective curve", help="The whole run's objective."),
-            "open": cc.LinkColumn("open", display_text="open ↗")}
+    return {
+        "progress": cc.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+        "value": cc.NumberColumn("value", format="%.4f", help="The objective's last value."),
+        "best": cc.NumberColumn("best", format="%.4f", help="The objective's best value so far."),
+        "diagnosis": cc.TextColumn("diagnosis", help="The latest diagnosis warning or error (and how many more)."),
+        "loss": cc.LineChartColumn("train/loss", help="The whole run's training loss."),
+        "objective curve": cc.LineChartColumn("objective curve", help="The whole run's objective."),
+        "open": cc.LinkColumn("open", display_text="open ↗"),
+    }
 
 
 def counts(s: Snapshot, window: str) -> None:
@@ -209,8 +272,10 @@ def attention_panel(s: Snapshot) -> None:
         show = st.error if a.level == "error" else st.warning
         more = f" ({a.count} findings)" if a.count > 1 else ""
         code = f"**{f.md_text(a.code)}**: " if a.code and a.code != a.message else ""
-        show(f"**{f.md_text(a.name)}** ({f.status_label(a.status)}){more} — {code}{f.md_text(a.message)}",
-             icon=":material/troubleshoot:")
+        show(
+            f"**{f.md_text(a.name)}** ({f.status_label(a.status)}){more} — {code}{f.md_text(a.message)}",
+            icon=":material/troubleshoot:",
+        )
     if len(s.attention) > MAX_ATTENTION:
         st.caption(f"and {len(s.attention) - MAX_ATTENTION} more runs with findings: see the diagnosis column.")
 
@@ -228,21 +293,32 @@ def table(rows: pd.DataFrame, empty: str, more: str | None = None) -> None:
 
 def running_panel(s: Snapshot) -> None:
     st.subheader("Running")
-    table(s.running, "Nothing is running.",
-          f"The {len(s.running)} started last of {s.running_total} running runs: the Runs page lists all."
-          if s.running_total > len(s.running) else None)
+    table(
+        s.running,
+        "Nothing is running.",
+        f"The {len(s.running)} started last of {s.running_total} running runs: the Runs page lists all."
+        if s.running_total > len(s.running)
+        else None,
+    )
 
 
 def finished_panel(s: Snapshot, window: str) -> None:
     st.subheader("Recently finished")
-    table(s.finished, f"No run finished in the last {window}.",
-          f"The {len(s.finished)} that finished last: the Runs page lists all." if s.finished_more else None)
+    table(
+        s.finished,
+        f"No run finished in the last {window}.",
+        f"The {len(s.finished)} that finished last: the Runs page lists all." if s.finished_more else None,
+    )
 
 
 def queue_panel(s: Snapshot) -> None:
     st.subheader("Queued")
     for message in s.unserved:
         st.warning(message[0].upper() + message[1:], icon=":material/hourglass_disabled:")
-    table(s.queued, "The queue is empty.",
-          f"The first {len(s.queued)} of {s.queued_total} waiting runs: the Workers page lists more."
-          if s.queued_total > len(s.queued) else None)
+    table(
+        s.queued,
+        "The queue is empty.",
+        f"The first {len(s.queued)} of {s.queued_total} waiting runs: the Workers page lists more."
+        if s.queued_total > len(s.queued)
+        else None,
+    )

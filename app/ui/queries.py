@@ -77,20 +77,61 @@ def shared(ttl: float, **cache: Any) -> Callable[[Callable[Concatenate[Engine, P
 
 
 @st.cache_data(ttl=2, show_spinner=False)
-def _runs_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
-               sweep_id: str | None, expression: str | None, sort: str, descending: bool, limit: int,
-               offset: int) -> RunPage:
-    return repo.list_runs(engine_for(url), status=status or None, tag=tag or None, owner=owner, text=text,
-                          sweep_id=sweep_id, expression=expression, sort=sort, descending=descending, limit=limit,
-                          offset=offset)
+def _runs_page(
+    url: str,
+    status: tuple[str, ...],
+    tag: tuple[str, ...],
+    owner: str | None,
+    text: str | None,
+    sweep_id: str | None,
+    expression: str | None,
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> RunPage:
+    return repo.list_runs(
+        engine_for(url),
+        status=status or None,
+        tag=tag or None,
+        owner=owner,
+        text=text,
+        sweep_id=sweep_id,
+        expression=expression,
+        sort=sort,
+        descending=descending,
+        limit=limit,
+        offset=offset,
+    )
 
 
-def runs_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
-              text: str | None = None, sweep_id: str | None = None, expression: str | None = None,
-              sort: str = "created_at", descending: bool = True, limit: int = 50, offset: int = 0) -> RunPage:
+def runs_page(
+    *,
+    status: Sequence[str] = (),
+    tag: Sequence[str] = (),
+    owner: str | None = None,
+    text: str | None = None,
+    sweep_id: str | None = None,
+    expression: str | None = None,
+    sort: str = "created_at",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> RunPage:
     """A page of runs; `expression` is a filter expression (db.filters; repo.FilterError when unreadable)."""
-    return _runs_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None,
-                      expression or None, sort, descending, limit, offset)
+    return _runs_page(
+        db_url(),
+        tuple(status),
+        tuple(tag),
+        owner or None,
+        text or None,
+        sweep_id or None,
+        expression or None,
+        sort,
+        descending,
+        limit,
+        offset,
+    )
 
 
 @shared(ttl=2)
@@ -100,18 +141,57 @@ def children(engine: Engine, run_id: str, limit: int = 20) -> RunPage:
 
 
 @st.cache_data(ttl=2, show_spinner=False)
-def _units_page(url: str, status: tuple[str, ...], tag: tuple[str, ...], owner: str | None, text: str | None,
-                sweep_id: str | None, sort: str, descending: bool, limit: int, offset: int) -> run_units.UnitPage:
-    return run_units.list_units(engine_for(url), status=status, tag=tag, owner=owner, text=text, sweep_id=sweep_id,
-                                sort=sort, descending=descending, limit=limit, offset=offset)
+def _units_page(
+    url: str,
+    status: tuple[str, ...],
+    tag: tuple[str, ...],
+    owner: str | None,
+    text: str | None,
+    sweep_id: str | None,
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> run_units.UnitPage:
+    return run_units.list_units(
+        engine_for(url),
+        status=status,
+        tag=tag,
+        owner=owner,
+        text=text,
+        sweep_id=sweep_id,
+        sort=sort,
+        descending=descending,
+        limit=limit,
+        offset=offset,
+    )
 
 
-def units_page(*, status: Sequence[str] = (), tag: Sequence[str] = (), owner: str | None = None,
-               text: str | None = None, sweep_id: str | None = None, sort: str = "created_at",
-               descending: bool = True, limit: int = 50, offset: int = 0) -> run_units.UnitPage:
+def units_page(
+    *,
+    status: Sequence[str] = (),
+    tag: Sequence[str] = (),
+    owner: str | None = None,
+    text: str | None = None,
+    sweep_id: str | None = None,
+    sort: str = "created_at",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> run_units.UnitPage:
     """The Runs page grouped: one row per sweep, per seed group, per other run (app.ui.run_units.UnitPage)."""
-    return _units_page(db_url(), tuple(status), tuple(tag), owner or None, text or None, sweep_id or None, sort,
-                       descending, limit, offset)
+    return _units_page(
+        db_url(),
+        tuple(status),
+        tuple(tag),
+        owner or None,
+        text or None,
+        sweep_id or None,
+        sort,
+        descending,
+        limit,
+        offset,
+    )
 
 
 def runs_by_id(run_ids: Sequence[str]) -> dict[str, RunRecord]:

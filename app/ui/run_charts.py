@@ -18,7 +18,6 @@ from app.present.figures import WHOLE_X_MODES, X_TITLES, Trace, line_dict, step_
 from app.ui import queries
 from core import catalog
 from core import names as n
-from db import repo
 from db.types import RunRecord
 
 
@@ -46,12 +45,19 @@ CHARTS: tuple[ChartSpec, ...] = (
     ChartSpec("Data wait (fraction of step time)", (n.DATA_WAIT,)),
     ChartSpec("Epoch time (s)", (n.EPOCH_TIME,), smooth=False),
     ChartSpec("Peak memory (MB)", (n.PEAK_MEMORY,), smooth=False),
-    ChartSpec("System: CPU and GPU utilisation (%)", (), (n.SYS_CPU, n.SYS_HOST_CPU, n.GPU_PREFIX),
-              system=True, smooth=False),
+    ChartSpec(
+        "System: CPU and GPU utilisation (%)", (), (n.SYS_CPU, n.SYS_HOST_CPU, n.GPU_PREFIX), system=True, smooth=False
+    ),
     ChartSpec("System: memory (MB)", (n.SYS_RSS,), (), system=True, smooth=False),
 )
-EPOCH_KEYS = (*map(catalog.stored_key, catalog.METRICS), "val/", n.EPOCH_TIME, n.PEAK_MEMORY, n.LR_EPOCH,
-              n.DATA_WAIT_EPOCH)
+EPOCH_KEYS = (
+    *map(catalog.stored_key, catalog.METRICS),
+    "val/",
+    n.EPOCH_TIME,
+    n.PEAK_MEMORY,
+    n.LR_EPOCH,
+    n.DATA_WAIT_EPOCH,
+)
 MAX_POINTS = 2000  # a finished run's charts (a running run's: live_series.LIVE_POINTS)
 
 
@@ -78,8 +84,9 @@ def steps_per_epoch(r: RunRecord, last_step: int | None) -> float | None:
 Getter = Callable[[str], tuple[Sequence[int], Sequence[float]]]
 
 
-def _chart(r: RunRecord, spec: ChartSpec, keys: Sequence[str], get: Getter, anchors, xmode: str,
-           smoothing: float) -> Chart | None:
+def _chart(
+    r: RunRecord, spec: ChartSpec, keys: Sequence[str], get: Getter, anchors, xmode: str, smoothing: float
+) -> Chart | None:
     started = r.started_at.timestamp() if r.started_at else None
     to_x = None
     if xmode != "step" and anchors:
@@ -96,9 +103,15 @@ def _chart(r: RunRecord, spec: ChartSpec, keys: Sequence[str], get: Getter, anch
         traces.append(Trace(key, x, values, markers=per_epoch(key)))
     if not traces:
         return None
-    fig = line_dict(spec.title, traces, x_title=X_TITLES["time"] if spec.system else X_TITLES[xmode],
-                    uirevision=f"{r.id}:{spec.title}:{xmode}", smoothing=smoothing if spec.smooth else 0.0,
-                    log_y=spec.log_y, whole_x=not spec.system and xmode in WHOLE_X_MODES)
+    fig = line_dict(
+        spec.title,
+        traces,
+        x_title=X_TITLES["time"] if spec.system else X_TITLES[xmode],
+        uirevision=f"{r.id}:{spec.title}:{xmode}",
+        smoothing=smoothing if spec.smooth else 0.0,
+        log_y=spec.log_y,
+        whole_x=not spec.system and xmode in WHOLE_X_MODES,
+    )
     return chart(spec.title, fig)
 
 
@@ -124,8 +137,15 @@ def live_figures(r: RunRecord, xmode: str, smoothing: float) -> tuple[list[Chart
         keys = chart_keys(spec, sorted(counts))
         if not keys:
             continue
-        version = (spec.title, xmode, smoothing, tuple((k, counts[k]) for k in keys),
-                   len(anchors) if xmode != "step" else 0, spe, r.started_at)
+        version = (
+            spec.title,
+            xmode,
+            smoothing,
+            tuple((k, counts[k]) for k in keys),
+            len(anchors) if xmode != "step" else 0,
+            spe,
+            r.started_at,
+        )
         c = live.built(version, lambda spec=spec, keys=keys: _chart(r, spec, keys, live.get, anchors, xmode, smoothing))
         if c is not None:
             out.append(c)

@@ -25,8 +25,9 @@ _LR = ("lr",)
 
 
 def _first(data: Mapping[str, Any], names: Sequence[str]) -> Any:
-    return next((data[k] for k in names if isinstance(data.get(k), (int, float)) and not isinstance(data[k], bool)),
-                None)
+    return next(
+        (data[k] for k in names if isinstance(data.get(k), (int, float)) and not isinstance(data[k], bool)), None
+    )
 
 
 def distributed_event(events: Sequence[EventRecord]) -> EventRecord | None:
@@ -36,7 +37,7 @@ def distributed_event(events: Sequence[EventRecord]) -> EventRecord | None:
 
 
 def processes_line(spec: Mapping[str, Any], event: EventRecord | None = None) -> str | None:
-    """"4 processes on 4 GPUs: batch 32 per rank × 4 = 128 in total · learning rate 0.1"; None for a run of one
+    """ "4 processes on 4 GPUs: batch 32 per rank × 4 = 128 in total · learning rate 0.1"; None for a run of one
     process (nothing to say: its batch is the batch)."""
     data = dict((event.data or {}) if event is not None else {})
     world = int(_first(data, _WORLD) or run_gpus(spec))

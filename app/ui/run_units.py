@@ -5,8 +5,7 @@ queries whatever the number of runs; each row's figures come from its sweep's or
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from app.present import text as f
@@ -41,9 +40,18 @@ def _finished_share(runs: Sequence[RunRecord]) -> float:
 
 def group_row(group_id: str, runs: Sequence[RunRecord], matching: int, owner: str) -> dict[str, Any]:
     first = runs[0]
-    return {"kind": GROUP, "name": first.name, "status": statuses_text(runs), "progress": _finished_share(runs),
-            "size": _size(len(runs), matching, "run"), "best": objective_text(runs), "owner": owner,
-            "created": first.created_at, "open": compare_link(runs), "id": group_id}
+    return {
+        "kind": GROUP,
+        "name": first.name,
+        "status": statuses_text(runs),
+        "progress": _finished_share(runs),
+        "size": _size(len(runs), matching, "run"),
+        "best": objective_text(runs),
+        "owner": owner,
+        "created": first.created_at,
+        "open": compare_link(runs),
+        "id": group_id,
+    }
 
 
 def _size(n: int, matching: int, noun: str) -> str:
@@ -91,17 +99,33 @@ def sweep_row(sweep: SweepRecord, runs: Sequence[RunRecord], matching: int, owne
     done = {r.trial for r in runs if r.trial is not None and r.finished} - {r.trial for r in runs if not r.finished}
     planned = max(len(trials), int((sweep.spec.get("budget") or {}).get("trials") or 0))
     status = f.status_label(sweep.status) + (f" · {statuses_text(runs)}" if runs else "")
-    return {"kind": SWEEP, "name": sweep.name, "status": status,
-            "progress": 1.0 if sweep.finished else len(done) / max(planned, 1),
-            "size": f"{len(trials)} trial{'s' if len(trials) != 1 else ''} · {_size(len(runs), matching, 'run')}",
-            "best": sweep_best(sweep, runs), "owner": owner, "created": sweep.created_at,
-            "open": f"sweep?id={sweep.id}", "id": sweep.id}
+    return {
+        "kind": SWEEP,
+        "name": sweep.name,
+        "status": status,
+        "progress": 1.0 if sweep.finished else len(done) / max(planned, 1),
+        "size": f"{len(trials)} trial{'s' if len(trials) != 1 else ''} · {_size(len(runs), matching, 'run')}",
+        "best": sweep_best(sweep, runs),
+        "owner": owner,
+        "created": sweep.created_at,
+        "open": f"sweep?id={sweep.id}",
+        "id": sweep.id,
+    }
 
 
 def run_row(r: RunRecord, owner: str) -> dict[str, Any]:
-    return {"kind": RUN, "name": r.name, "status": f.status_label(r.status), "progress": r.progress or 0.0,
-            "size": "", "best": f.best_text(r), "owner": owner, "created": r.created_at, "open": f"run?id={r.id}",
-            "id": r.id}
+    return {
+        "kind": RUN,
+        "name": r.name,
+        "status": f.status_label(r.status),
+        "progress": r.progress or 0.0,
+        "size": "",
+        "best": f.best_text(r),
+        "owner": owner,
+        "created": r.created_at,
+        "open": f"run?id={r.id}",
+        "id": r.id,
+    }
 
 
 COLUMNS = ["kind", "name", "status", "progress", "size", "best", "owner", "created", "open", "id"]

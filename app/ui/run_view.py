@@ -34,10 +34,15 @@ from core.names import (
 from db.types import EventRecord, RunRecord
 
 ARTIFACT_LABELS = {
-    CHECKPOINT_BEST: "Best checkpoint (.pt)", CHECKPOINT_LAST: "Last checkpoint (.pt)",
-    "torchscript": "TorchScript (.ts)", "onnx": "ONNX (.onnx)", "pt2": "torch.export (.pt2)",
-    BUNDLE: "Bundle (.zip: model + preprocessing)", EXPORT_REPORT: "Export report (export.json)",
-    SAMPLE_GRID: "Sample grid (.png)", MISCLASSIFIED: "Most confident mistakes (.png)",
+    CHECKPOINT_BEST: "Best checkpoint (.pt)",
+    CHECKPOINT_LAST: "Last checkpoint (.pt)",
+    "torchscript": "TorchScript (.ts)",
+    "onnx": "ONNX (.onnx)",
+    "pt2": "torch.export (.pt2)",
+    BUNDLE: "Bundle (.zip: model + preprocessing)",
+    EXPORT_REPORT: "Export report (export.json)",
+    SAMPLE_GRID: "Sample grid (.png)",
+    MISCLASSIFIED: "Most confident mistakes (.png)",
 }
 
 
@@ -96,20 +101,31 @@ def status_panel(r: RunRecord) -> None:
     a.markdown(f"#### {f.status_md(r.status)}")
     p = r.progress or (1.0 if r.status == "completed" else 0.0)
     eta = f.eta_s(r)
-    b.progress(min(max(p, 0.0), 1.0), text=f"{p:.0%} · elapsed {f.seconds(f.duration_s(r))}"
-               + (f" · ETA {f.seconds(eta)}" if eta is not None else ""))
+    b.progress(
+        min(max(p, 0.0), 1.0),
+        text=f"{p:.0%} · elapsed {f.seconds(f.duration_s(r))}"
+        + (f" · ETA {f.seconds(eta)}" if eta is not None else ""),
+    )
     metric, value = f.best(r)
     best_epoch = ((r.summary or {}).get("best") or {}).get("epoch")
-    c.metric(f"best {f.md_text(metric)}" if metric else "best", f"{value:.4f}" if value is not None else "–",
-             help=f"at epoch {best_epoch}" if best_epoch else None)
-    d.caption(f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}")
+    c.metric(
+        f"best {f.md_text(metric)}" if metric else "best",
+        f"{value:.4f}" if value is not None else "–",
+        help=f"at epoch {best_epoch}" if best_epoch else None,
+    )
+    d.caption(
+        f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}"
+    )
     if r.status == "queued":
         waiting_for(run_queue(spec_of(r)))
     if r.degraded:
         st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
     if r.status == "lost":
-        st.warning("The worker running this run stopped heartbeating; it will be re-queued and resume from its last "
-                   "checkpoint.", icon=":material/heart_broken:")
+        st.warning(
+            "The worker running this run stopped heartbeating; it will be re-queued and resume from its last "
+            "checkpoint.",
+            icon=":material/heart_broken:",
+        )
     if r.cancel_requested and not r.finished:
         st.info("Cancel requested: the run stops after its current step.", icon=":material/stop_circle:")
     if r.error:
@@ -137,7 +153,9 @@ def lineage(r: RunRecord) -> None:
     grouped), and the runs made from it (clones, re-runs, seed copies, fine-tunes)."""
     bits = []
     if r.parent_id and (parent := queries.run(r.parent_id)) is not None:
-        bits.append(f":material/family_history: {relation(parent, r)[0]} [{f.md_text(parent.name)}](run?id={parent.id})")
+        bits.append(
+            f":material/family_history: {relation(parent, r)[0]} [{f.md_text(parent.name)}](run?id={parent.id})"
+        )
     if r.sweep_id and (sweep := queries.sweep(r.sweep_id)) is not None:
         trial = f"trial {r.trial} of sweep" if r.trial is not None else "run of sweep"
         bits.append(f":material/science: [{trial} {f.md_text(sweep.name)}](sweep?id={r.sweep_id})")
@@ -150,8 +168,10 @@ def lineage(r: RunRecord) -> None:
         links = ", ".join(f"[{f.md_text(c.name)}](run?id={c.id}) ({relation(r, c)[1]})" for c in kids.runs)
         more = kids.total - len(kids.runs)
         every = f"runs?q={quote(f'parent == {r.id}')}"
-        st.caption(f":material/account_tree: {kids.total} run(s) made from this one: {links}"
-                   + (f" and [{more} more]({every})" if more > 0 else ""))
+        st.caption(
+            f":material/account_tree: {kids.total} run(s) made from this one: {links}"
+            + (f" and [{more} more]({every})" if more > 0 else "")
+        )
 
 
 def notes_panel(r: RunRecord) -> None:
@@ -167,12 +187,24 @@ def notes_panel(r: RunRecord) -> None:
 def repeat_with_seeds(r: RunRecord, container) -> None:
     """The run's spec again with k − 1 more seeds (seed + 1, ...): with this run, one seed group."""
     seed = (r.spec or {}).get("seed")
-    with container.popover("Seeds…", icon=":material/stacks:", width="stretch",
-                           help="Repeat with k seeds: this run and k − 1 copies with other seeds, as one group"):
-        k = int(st.number_input("Runs in the seed group", min_value=2, max_value=20, value=3, step=1,
-                                key=f"run.seeds.{r.id}",
-                                help=f"This run and k − 1 copies with seeds {seed} + 1, {seed} + 2, …: shown as "
-                                     "one mean ± std on Compare and the sweep page."))
+    with container.popover(
+        "Seeds…",
+        icon=":material/stacks:",
+        width="stretch",
+        help="Repeat with k seeds: this run and k − 1 copies with other seeds, as one group",
+    ):
+        k = int(
+            st.number_input(
+                "Runs in the seed group",
+                min_value=2,
+                max_value=20,
+                value=3,
+                step=1,
+                key=f"run.seeds.{r.id}",
+                help=f"This run and k − 1 copies with seeds {seed} + 1, {seed} + 2, …: shown as "
+                "one mean ± std on Compare and the sweep page.",
+            )
+        )
         if r.group_id and len(members := queries.group_runs(r.group_id)) > 1:
             st.caption(f"The new runs join this run's seed group of {len(members)} runs.")
         if not st.button(f"Repeat with {k} seeds", key=f"run.repeat.{r.id}", type="primary", icon=":material/replay:"):
@@ -196,15 +228,22 @@ def repeated_notice(r: RunRecord) -> None:
         return
     new = queries.runs_by_id(ids)
     seeds = ", ".join(str((new[i].spec or {}).get("seed")) for i in ids if i in new)
-    st.success(f"Queued {len(ids)} run(s) with seeds {seeds}: with this run they form one seed group.",
-               icon=":material/stacks:")
+    st.success(
+        f"Queued {len(ids)} run(s) with seeds {seeds}: with this run they form one seed group.",
+        icon=":material/stacks:",
+    )
     for run_id in ids:
         if run_id in new:
-            st.page_link(frame.RUN, label=f.md_text(new[run_id].name), query_params={"id": run_id},
-                         icon=":material/monitoring:")
+            st.page_link(
+                frame.RUN, label=f.md_text(new[run_id].name), query_params={"id": run_id}, icon=":material/monitoring:"
+            )
     members = queries.group_runs(r.group_id) if r.group_id else [r, *new.values()]
-    st.page_link(frame.COMPARE, label=f"Compare the seed group ({len(members)} runs)", icon=":material/compare_arrows:",
-                 query_params={"ids": ",".join(m.id for m in members[:20]), "group": "seed"})
+    st.page_link(
+        frame.COMPARE,
+        label=f"Compare the seed group ({len(members)} runs)",
+        icon=":material/compare_arrows:",
+        query_params={"ids": ",".join(m.id for m in members[:20]), "group": "seed"},
+    )
 
 
 def waiting_for(queue: str) -> None:
@@ -220,16 +259,21 @@ def waiting_for(queue: str) -> None:
 def diagnosis_panel(events: list[EventRecord]) -> None:
     found = [e for e in events if _finding(e)]
     if not found:
-        st.success("No problems found so far: loss finite, gradients in range, no data bottleneck.",
-                   icon=":material/health_and_safety:")
+        st.success(
+            "No problems found so far: loss finite, gradients in range, no data bottleneck.",
+            icon=":material/health_and_safety:",
+        )
         return
     for e in found:
         data = e.data or {}
         show = st.error if e.level == "error" else st.warning
         advice = data.get("advice")
         code = f.md_text(e.code or data.get("code") or e.kind)  # what a run wrote is shown as text
-        show(f"**{code}** — {f.md_text(e.message, multiline=True)}"
-             + (f"\n\n**What to do:** {f.md_text(advice, multiline=True)}" if advice else ""), icon=":material/troubleshoot:")
+        show(
+            f"**{code}** — {f.md_text(e.message, multiline=True)}"
+            + (f"\n\n**What to do:** {f.md_text(advice, multiline=True)}" if advice else ""),
+            icon=":material/troubleshoot:",
+        )
         if data.get("traceback"):
             with st.expander("traceback"):
                 st.code(data["traceback"], language="text")
@@ -254,14 +298,26 @@ def _evaluation(r: RunRecord, last: dict) -> None:
     st.caption(f"After epoch {f.md_text(last.get('epoch', '?'))}.{shown}")
     left, right = st.columns(2)
     if last.get("confusion"):
-        left.plotly_chart(figures.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
-                          key=f"run.cm.{r.id}", config={"displaylogo": False})
+        left.plotly_chart(
+            figures.confusion_figure(last["confusion"], names, uirevision=f"{r.id}:cm"),
+            key=f"run.cm.{r.id}",
+            config={"displaylogo": False},
+        )
     else:  # many classes: the most confused pairs instead of a matrix nobody could read
         pairs = last.get("top_confusions") or []
         left.dataframe(pd.DataFrame(pairs, columns=["true", "predicted", "count"]), hide_index=True)
-    right.plotly_chart(figures.bar_figure("Per-class accuracy (validation)", names, last.get("per_class_acc", []),
-                                         y_title="accuracy", uirevision=f"{r.id}:pc", percent=True),
-                       key=f"run.pc.{r.id}", config={"displaylogo": False})
+    right.plotly_chart(
+        figures.bar_figure(
+            "Per-class accuracy (validation)",
+            names,
+            last.get("per_class_acc", []),
+            y_title="accuracy",
+            uirevision=f"{r.id}:pc",
+            percent=True,
+        ),
+        key=f"run.pc.{r.id}",
+        config={"displaylogo": False},
+    )
 
 
 def events_panel(events: list[EventRecord]) -> None:
@@ -269,10 +325,25 @@ def events_panel(events: list[EventRecord]) -> None:
     if not events:
         st.caption("No events yet.")
         return
-    df = pd.DataFrame([{"time": e.time, "kind": e.kind, "level": e.level, "code": e.code or (e.data or {}).get("code"),
-                        "message": e.message} for e in reversed(events)])
-    st.dataframe(df, hide_index=True, width="stretch", height=min(38 + 35 * len(df), 420),
-                 column_config={"time": st.column_config.DatetimeColumn("time", format="HH:mm:ss")})
+    df = pd.DataFrame(
+        [
+            {
+                "time": e.time,
+                "kind": e.kind,
+                "level": e.level,
+                "code": e.code or (e.data or {}).get("code"),
+                "message": e.message,
+            }
+            for e in reversed(events)
+        ]
+    )
+    st.dataframe(
+        df,
+        hide_index=True,
+        width="stretch",
+        height=min(38 + 35 * len(df), 420),
+        column_config={"time": st.column_config.DatetimeColumn("time", format="HH:mm:ss")},
+    )
 
 
 def samples_panel(r: RunRecord) -> None:
@@ -291,16 +362,25 @@ def samples_panel(r: RunRecord) -> None:
 
 def spec_panel(r: RunRecord) -> None:
     text = RunSpec.model_validate(dict(r.spec)).to_yaml()
-    st.download_button("Download spec (YAML)", text, file_name=f"{r.name}.yaml", mime="application/yaml",
-                       icon=":material/download:", key=f"run.spec_dl.{r.id}")
+    st.download_button(
+        "Download spec (YAML)",
+        text,
+        file_name=f"{r.name}.yaml",
+        mime="application/yaml",
+        icon=":material/download:",
+        key=f"run.spec_dl.{r.id}",
+    )
     st.code(text, language="yaml")
 
 
 def _report_row(kind: str, meta: dict) -> dict:
     parity, latency = meta.get("parity") or {}, meta.get("latency_ms") or {}
-    return {"max |Δlogit|": parity.get("max_abs_diff"), "top-1 agreement %": parity.get("top1_agreement"),
-            "parity": "passed" if parity.get("passed") else ("failed" if parity else ""),
-            **{f"latency {k} (ms)": v for k, v in latency.items()}}
+    return {
+        "max |Δlogit|": parity.get("max_abs_diff"),
+        "top-1 agreement %": parity.get("top1_agreement"),
+        "parity": "passed" if parity.get("passed") else ("failed" if parity else ""),
+        **{f"latency {k} (ms)": v for k, v in latency.items()},
+    }
 
 
 def artifacts_panel(r: RunRecord) -> None:
@@ -313,8 +393,10 @@ def artifacts_panel(r: RunRecord) -> None:
         problem = artifact_problem(a)
         left, right = st.columns([3, 1], vertical_alignment="center")
         with left:
-            st.markdown(f"**{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))}** · {f.size(a.size)}"
-                        + (f" · sha256 {f.code_span(a.sha256[:12])}" if a.sha256 else ""))
+            st.markdown(
+                f"**{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))}** · {f.size(a.size)}"
+                + (f" · sha256 {f.code_span(a.sha256[:12])}" if a.sha256 else "")
+            )
             st.page_link(frame.ARTIFACT, label="Shareable link", query_params={"id": a.id}, icon=":material/link:")
             if a.kind in EXPORT_FORMATS and a.meta:
                 st.dataframe(pd.DataFrame([_report_row(a.kind, dict(a.meta))]), hide_index=True, width="stretch")
@@ -325,11 +407,22 @@ def artifacts_panel(r: RunRecord) -> None:
                 downloads.control(a, key=f"run.dl.{a.id}", width="stretch")
     earlier_files(every, arts)
     csv_col, jsonl_col = st.columns(2)
-    csv_col.download_button("Metrics as CSV", lambda: queries.metrics_csv(r.id), file_name=f"{r.id}-metrics.csv",
-                            mime="text/csv", icon=":material/table_view:", key=f"run.csv.{r.id}")
-    jsonl_col.download_button("Metrics as JSON Lines", lambda: queries.metrics_jsonl(r.id),
-                              file_name=f"{r.id}-metrics.jsonl", mime="application/jsonl", icon=":material/data_object:",
-                              key=f"run.jsonl.{r.id}")
+    csv_col.download_button(
+        "Metrics as CSV",
+        lambda: queries.metrics_csv(r.id),
+        file_name=f"{r.id}-metrics.csv",
+        mime="text/csv",
+        icon=":material/table_view:",
+        key=f"run.csv.{r.id}",
+    )
+    jsonl_col.download_button(
+        "Metrics as JSON Lines",
+        lambda: queries.metrics_jsonl(r.id),
+        file_name=f"{r.id}-metrics.jsonl",
+        mime="application/jsonl",
+        icon=":material/data_object:",
+        key=f"run.jsonl.{r.id}",
+    )
 
 
 def earlier_files(every: list, latest: dict) -> None:
@@ -341,9 +434,13 @@ def earlier_files(every: list, latest: dict) -> None:
         return
     with st.expander(f"Earlier files ({len(older)}): unchanged, still downloadable", icon=":material/history:"):
         for a in older:
-            st.page_link(frame.ARTIFACT, query_params={"id": a.id}, icon=":material/link:",
-                         label=f"{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))} · {a.created_at:%Y-%m-%d %H:%M:%S} · "
-                               f"{f.size(a.size)}" + (f" · sha256 {f.md_text(a.sha256[:12])}" if a.sha256 else ""))
+            st.page_link(
+                frame.ARTIFACT,
+                query_params={"id": a.id},
+                icon=":material/link:",
+                label=f"{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))} · {a.created_at:%Y-%m-%d %H:%M:%S} · "
+                f"{f.size(a.size)}" + (f" · sha256 {f.md_text(a.sha256[:12])}" if a.sha256 else ""),
+            )
 
 
 def export_panel(r: RunRecord) -> None:
@@ -354,17 +451,23 @@ def export_panel(r: RunRecord) -> None:
     user = auth.current_user()
     if not auth.can_modify(user, r):
         owner = f.md_text(owner_label(r.owner, queries.engine()) or "its owner")
-        st.caption(f":material/lock: **Export now** is for {owner} or an admin: it adds files to the run. "
-                   "Its files above stay downloadable by everyone; clone the run to make your own.")
+        st.caption(
+            f":material/lock: **Export now** is for {owner} or an admin: it adds files to the run. "
+            "Its files above stay downloadable by everyone; clone the run to make your own."
+        )
         return
     exported = [k for k in latest_by_kind(queries.artifacts(r.id)) if k in EXPORT_FORMATS]
     with st.form(f"run.export.{r.id}", border=True):
         st.markdown("**Export now** — (re)make verified exports from a checkpoint")
         a, b = st.columns([3, 1])
-        formats = a.multiselect("Formats", list(EXPORT_FORMATS), default=exported or ["onnx"],
-                                key=f"run.export_fmt.{r.id}",
-                                help="Each export is written to a new folder and registered as new files: "
-                                     "earlier exports never change and stay downloadable (Earlier files).")
+        formats = a.multiselect(
+            "Formats",
+            list(EXPORT_FORMATS),
+            default=exported or ["onnx"],
+            key=f"run.export_fmt.{r.id}",
+            help="Each export is written to a new folder and registered as new files: "
+            "earlier exports never change and stay downloadable (Earlier files).",
+        )
         ck = b.selectbox("Checkpoint", ["best", "last"], key=f"run.export_ck.{r.id}")
         go = st.form_submit_button("Export now", icon=":material/deployed_code:")
     done_key = f"run.export_done.{r.id}"
@@ -378,7 +481,8 @@ def export_panel(r: RunRecord) -> None:
         st.rerun()  # the list above shows the new files
     if done_key in st.session_state:
         ok, output = st.session_state.pop(done_key)
-        (st.success if ok else st.error)("Export verified" if ok else "Export failed",
-                                         icon=":material/check_circle:" if ok else ":material/error:")
+        (st.success if ok else st.error)(
+            "Export verified" if ok else "Export failed", icon=":material/check_circle:" if ok else ":material/error:"
+        )
         if output:
             st.code(output[-3000:], language="text")

@@ -82,11 +82,17 @@ def _widget(f: FormField) -> None:
     elif f.kind == "multichoice":
         st.multiselect(label, list(f.options), key=k, help=helptext)
     elif f.kind == "int":
-        st.number_input(label, min_value=_int(f.min), max_value=_int(f.max), step=1, key=k, help=helptext,
-                        placeholder="none" if f.optional else None)
+        st.number_input(
+            label,
+            min_value=_int(f.min),
+            max_value=_int(f.max),
+            step=1,
+            key=k,
+            help=helptext,
+            placeholder="none" if f.optional else None,
+        )
     elif f.kind == "float":
-        st.number_input(label, min_value=f.min, max_value=f.max, step=_float_step(f), format="%g", key=k,
-                        help=helptext)
+        st.number_input(label, min_value=f.min, max_value=f.max, step=_float_step(f), format="%g", key=k, help=helptext)
     elif f.kind == "pair":
         a, b = st.columns(2)
         a.number_input(f"{label} (1)", step=0.001, format="%g", key=k + ".0", help=helptext)
@@ -107,9 +113,13 @@ def draw_field(f: FormField, slots: dict[str, Any]) -> None:
     slots[f.path] = st.empty()
 
 
-def render_group(group: str, slots: dict[str, Any], columns: int = 3,
-                 draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
-                 fields: list[FormField] | None = None) -> None:
+def render_group(
+    group: str,
+    slots: dict[str, Any],
+    columns: int = 3,
+    draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
+    fields: list[FormField] | None = None,
+) -> None:
     """The fields of one group (or the given ones) in `columns` columns, each drawn by `draw` (its widget and
     its error slot)."""
     fields = [f for f in FIELDS if f.group == group] if fields is None else fields
@@ -128,9 +138,13 @@ def split(group: str, shown: Shown | None = None, skip: Collection[str] = ()) ->
     return [f for f in used if not advanced(f.path)], [f for f in used if advanced(f.path)], unused
 
 
-def render(extra: dict[str, Any] | None = None,
-           draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
-           shown: Shown | None = None, skip: Collection[str] = (), unused_note: str = "") -> dict[str, Any]:
+def render(
+    extra: dict[str, Any] | None = None,
+    draw: Callable[[FormField, dict[str, Any]], None] = draw_field,
+    shown: Shown | None = None,
+    skip: Collection[str] = (),
+    unused_note: str = "",
+) -> dict[str, Any]:
     """All groups (call inside a st.form); returns the error slots by field path. `draw` draws one field
     (the New run page's adds a sweep box beside some). Each group shows the fields that matter (`shown`; all
     by default), its rarely changed ones under "Advanced"; those that do not matter wait, with their values,
@@ -149,10 +163,13 @@ def render(extra: dict[str, Any] | None = None,
                     render_group(group, slots, draw=draw, fields=rare)
     n = sum(len(v) for v in unused.values())
     if n:
-        with st.expander(f"Not used{' with ' + unused_note if unused_note else ''} ({n} fields)",
-                         icon=":material/visibility_off:"):
-            st.caption("These fields do nothing with the choices made above. They keep their values, which stay "
-                       "in the spec and its YAML; change a choice and they come back into their section.")
+        with st.expander(
+            f"Not used{' with ' + unused_note if unused_note else ''} ({n} fields)", icon=":material/visibility_off:"
+        ):
+            st.caption(
+                "These fields do nothing with the choices made above. They keep their values, which stay "
+                "in the spec and its YAML; change a choice and they come back into their section."
+            )
             for group, fields in unused.items():
                 if fields:
                     st.markdown(f"*{group}*")

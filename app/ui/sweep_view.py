@@ -80,10 +80,19 @@ def _listing(url: str, limit: int) -> list[dict[str, Any]]:
         outcomes = control.outcomes(state)
         best = control.best(state)
         done = sum(1 for o in outcomes if o.state != "running")
-        rows.append({"name": s.name, "owner": s.owner, "status": s.status,
-                     "trials": f"{done}/{state.spec.trials}", "best": _best_text(state, best),
-                     "objective": f"{state.spec.metric} ({state.spec.mode})", "created": s.created_at,
-                     "open": f"sweep?id={s.id}", "id": s.id})
+        rows.append(
+            {
+                "name": s.name,
+                "owner": s.owner,
+                "status": s.status,
+                "trials": f"{done}/{state.spec.trials}",
+                "best": _best_text(state, best),
+                "objective": f"{state.spec.metric} ({state.spec.mode})",
+                "created": s.created_at,
+                "open": f"sweep?id={s.id}",
+                "id": s.id,
+            }
+        )
     return rows
 
 
@@ -92,8 +101,9 @@ def listing(limit: int = 200) -> pd.DataFrame:
     rows = _listing(queries.db_url(), limit)
     owners = owner_labels((r["owner"] for r in rows), engine=queries.engine())
     rows = [{**r, "owner": owners.get(r["owner"], r["owner"])} for r in rows]
-    return pd.DataFrame(rows, columns=["name", "owner", "status", "trials", "best", "objective", "created", "open",
-                                       "id"])
+    return pd.DataFrame(
+        rows, columns=["name", "owner", "status", "trials", "best", "objective", "created", "open", "id"]
+    )
 
 
 def _best_text(state: study.SweepState, best: control.Best | None) -> str:
@@ -158,10 +168,12 @@ def styled_trials(v: SweepView):
 
 def trial_columns(v: SweepView) -> dict[str, Any]:
     cc = st.column_config
-    out: dict[str, Any] = {"trial": cc.NumberColumn("trial", format="#%d", width="small"),
-                           "run": cc.LinkColumn("run", display_text="open ↗", width="small"),
-                           "seeds": cc.LinkColumn("seeds", display_text="compare ↗", width="small"),
-                           "why pruned": cc.TextColumn("why pruned", width="large")}
+    out: dict[str, Any] = {
+        "trial": cc.NumberColumn("trial", format="#%d", width="small"),
+        "run": cc.LinkColumn("run", display_text="open ↗", width="small"),
+        "seeds": cc.LinkColumn("seeds", display_text="compare ↗", width="small"),
+        "why pruned": cc.TextColumn("why pruned", width="large"),
+    }
     if v.spec.seeds == 1:
         out[v.spec.metric] = cc.NumberColumn(v.spec.metric, format="%.4f")
     return out
@@ -179,17 +191,39 @@ def best_so_far_figure(v: SweepView) -> go.Figure:
     fig = go.Figure()
     done = [o for o in v.outcomes if o.state == "completed" and o.value is not None]
     pruned = [o for o in v.outcomes if o.state == "pruned" and o.curve]
-    fig.add_trace(go.Scatter(x=[o.number for o in done], y=[o.value for o in done], mode="markers", name="trial",
-                             marker={"color": charts.PALETTE[0], "size": 8},
-                             text=[plot_text(_label(v, o.number)) for o in done], hoverinfo="text+y"))
+    fig.add_trace(
+        go.Scatter(
+            x=[o.number for o in done],
+            y=[o.value for o in done],
+            mode="markers",
+            name="trial",
+            marker={"color": charts.PALETTE[0], "size": 8},
+            text=[plot_text(_label(v, o.number)) for o in done],
+            hoverinfo="text+y",
+        )
+    )
     if pruned:
-        fig.add_trace(go.Scatter(x=[o.number for o in pruned], y=[o.curve[max(o.curve)] for o in pruned],
-                                 mode="markers", name="pruned (last value)",
-                                 marker={"color": PRUNED_GRAY, "symbol": "x", "size": 8},
-                                 text=[plot_text(_label(v, o.number)) for o in pruned], hoverinfo="text+y"))
+        fig.add_trace(
+            go.Scatter(
+                x=[o.number for o in pruned],
+                y=[o.curve[max(o.curve)] for o in pruned],
+                mode="markers",
+                name="pruned (last value)",
+                marker={"color": PRUNED_GRAY, "symbol": "x", "size": 8},
+                text=[plot_text(_label(v, o.number)) for o in pruned],
+                hoverinfo="text+y",
+            )
+        )
     best = sweeps.best_so_far(v)
-    fig.add_trace(go.Scatter(x=[n for n, _ in best], y=[b for _, b in best], mode="lines", name="best so far",
-                             line={"color": charts.PALETTE[2], "width": 3, "shape": "hv"}))
+    fig.add_trace(
+        go.Scatter(
+            x=[n for n, _ in best],
+            y=[b for _, b in best],
+            mode="lines",
+            name="best so far",
+            line={"color": charts.PALETTE[2], "width": 3, "shape": "hv"},
+        )
+    )
     _layout(fig, f"Best so far ({v.spec.metric}, {v.spec.mode})", "trial", v)
     return fig
 
@@ -211,10 +245,19 @@ def curves_figure(v: SweepView) -> go.Figure:
         if not epochs:
             continue
         pruned = o.state == "pruned"
-        fig.add_trace(go.Scatter(x=epochs, y=[o.curve[e] for e in epochs], name=name,
-                                 mode="lines+markers", line={"color": color, "dash": "dash" if pruned else "solid"},
-                                 marker={"symbol": ["circle"] * (len(epochs) - 1) + ["x" if pruned else "circle"],
-                                         "size": [5] * (len(epochs) - 1) + [11 if pruned else 5]}))
+        fig.add_trace(
+            go.Scatter(
+                x=epochs,
+                y=[o.curve[e] for e in epochs],
+                name=name,
+                mode="lines+markers",
+                line={"color": color, "dash": "dash" if pruned else "solid"},
+                marker={
+                    "symbol": ["circle"] * (len(epochs) - 1) + ["x" if pruned else "circle"],
+                    "size": [5] * (len(epochs) - 1) + [11 if pruned else 5],
+                },
+            )
+        )
     # groups.add_band leaves a band's mode to Plotly, which marks its outline's points (under 20) with dots.
     fig.update_traces(mode="lines", selector={"fill": "toself"})
     _layout(fig, f"{v.spec.metric} per epoch, every trial", "epoch", v)
@@ -252,16 +295,24 @@ def _axis_value(x: Any) -> Any:
 
 def importance_figure(v: SweepView, values: dict[str, float]) -> go.Figure:
     names = sorted(values, key=values.get, reverse=True)
-    return charts.bar_figure("Parameter importances (Optuna, fANOVA)", names, [values[n] for n in names],
-                             y_title="importance", uirevision=f"sweep:{v.sweep.id}:importance", percent=True)
+    return charts.bar_figure(
+        "Parameter importances (Optuna, fANOVA)",
+        names,
+        [values[n] for n in names],
+        y_title="importance",
+        uirevision=f"sweep:{v.sweep.id}:importance",
+        percent=True,
+    )
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, v: SweepView) -> None:
-    fig.update_layout(title={"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"},
-                      height=360, uirevision=f"sweep:{v.sweep.id}:{x_title}",
-                      margin={"l": 10, "r": 10, "t": 64, "b": 10},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0,
-                              "font": {"size": 11}})
+    fig.update_layout(
+        title={"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"},
+        height=360,
+        uirevision=f"sweep:{v.sweep.id}:{x_title}",
+        margin={"l": 10, "r": 10, "t": 64, "b": 10},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0.0, "font": {"size": 11}},
+    )
     last = max([len(v.outcomes) - 1, *(e for o in v.outcomes for e in o.curve)], default=1)
     fig.update_xaxes(title_text=x_title, dtick=max(1, math.ceil(last / 10)))  # trials and epochs: whole numbers
     fig.update_yaxes(title_text=plot_text(v.spec.metric))

@@ -70,8 +70,9 @@ def refusal(request) -> str | None:
 def _plain(status: int, text: str):
     from starlette.responses import PlainTextResponse
 
-    return PlainTextResponse(text + "\n", status_code=status,
-                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+    return PlainTextResponse(
+        text + "\n", status_code=status, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )
 
 
 def attachment(filename: str) -> str:
@@ -101,8 +102,11 @@ def download(request):
         return _plain(409, f"Refused: {e}.")
     except (artifacts.ArtifactUnavailable, OSError) as e:
         return _plain(404, str(e))
-    headers = {"Content-Disposition": attachment(artifacts.artifact_filename(record)), "Cache-Control": "no-store",
-               "X-Content-Type-Options": "nosniff"}
+    headers = {
+        "Content-Disposition": attachment(artifacts.artifact_filename(record)),
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+    }
     if record.size is not None:
         headers["Content-Length"] = str(record.size)
     return StreamingResponse(pieces, media_type="application/octet-stream", headers=headers)
@@ -121,10 +125,17 @@ def control(record, *, key: str, label: str = "Download", **button) -> None:
     if served():
         st.link_button(label, url(record.id), icon=":material/download:", **button)
     elif record.size is not None and record.size <= FALLBACK_MAX_BYTES:
-        st.download_button(label, lambda: artifacts.read_artifact(record.id, engine=queries.engine()),
-                           file_name=artifacts.artifact_filename(record), icon=":material/download:", key=key,
-                           **button)
+        st.download_button(
+            label,
+            lambda: artifacts.read_artifact(record.id, engine=queries.engine()),
+            file_name=artifacts.artifact_filename(record),
+            icon=":material/download:",
+            key=key,
+            **button,
+        )
     else:
-        st.caption(f"{f.size(record.size) if record.size is not None else 'A file of unknown size'}: downloaded "
-                   "through the dashboard's download route, which `torchdeck ui` and `torchdeck up` serve (this "
-                   f"dashboard was started without it, and holds files in memory up to {f.size(FALLBACK_MAX_BYTES)}).")
+        st.caption(
+            f"{f.size(record.size) if record.size is not None else 'A file of unknown size'}: downloaded "
+            "through the dashboard's download route, which `torchdeck ui` and `torchdeck up` serve (this "
+            f"dashboard was started without it, and holds files in memory up to {f.size(FALLBACK_MAX_BYTES)})."
+        )

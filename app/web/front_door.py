@@ -43,8 +43,14 @@ def host_name(value: str | None) -> str | None:
         _ = parts.port  # a malformed port raises
     except ValueError:
         return None
-    if parts.hostname is None or parts.username is not None or parts.password is not None or parts.path \
-            or parts.query or parts.fragment:
+    if (
+        parts.hostname is None
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path
+        or parts.query
+        or parts.fragment
+    ):
         return None
     return parts.hostname.lower().rstrip(".") or None
 
@@ -89,10 +95,12 @@ def host_refusal(host: str | None, origin: str | None, extra: Iterable[str] = ()
         what = f"Origin {origin!r}"
     else:
         return None
-    return (f"This torchdeck dashboard runs in local mode, without sign-in, and answers only this machine's names "
-            f"(localhost, 127.0.0.1, [::1]); {what} is not one of them. To reach it by another name of this "
-            f"machine, list that name in {ALLOWED_HOSTS_ENV}; to share the dashboard, run it with "
-            f"{auth.MODE_ENV}=team.")
+    return (
+        f"This torchdeck dashboard runs in local mode, without sign-in, and answers only this machine's names "
+        f"(localhost, 127.0.0.1, [::1]); {what} is not one of them. To reach it by another name of this "
+        f"machine, list that name in {ALLOWED_HOSTS_ENV}; to share the dashboard, run it with "
+        f"{auth.MODE_ENV}=team."
+    )
 
 
 def refusal(scope: dict) -> str | None:
@@ -106,8 +114,9 @@ def refusal(scope: dict) -> str | None:
     for name, value in scope.get("headers", ()):
         headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
     client = scope.get("client")
-    return (auth.local_refusal(client[0] if client else None, headers)
-            or host_refusal(headers.get("host"), headers.get("origin"), allowed_names()))
+    return auth.local_refusal(client[0] if client else None, headers) or host_refusal(
+        headers.get("host"), headers.get("origin"), allowed_names()
+    )
 
 
 class FrontDoor:
@@ -145,9 +154,14 @@ def _with_frame_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[by
 
 def _plain(status: int, text: str) -> tuple[dict, dict]:
     body = (text + "\n").encode()
-    headers = _with_frame_headers([(b"content-type", b"text/plain; charset=utf-8"),
-                                   (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store"),
-                                   (b"x-content-type-options", b"nosniff")])  # it quotes the request's Host
+    headers = _with_frame_headers(
+        [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+            (b"x-content-type-options", b"nosniff"),
+        ]
+    )  # it quotes the request's Host
     return {"status": status, "headers": headers}, {"body": body}
 
 

@@ -22,7 +22,6 @@ they raise KeyExists instead and leave what is stored untouched: the files behin
 registered with.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -49,9 +48,24 @@ from db.artifacts.s3 import S3Store
 from db.engine import data_home
 
 __all__ = [
-    "CHUNK", "ENDPOINT_ENV", "ENV", "ArtifactStore", "BadKey", "KeyExists", "LocalStore", "S3Store", "StoreCheck",
-    "StoreError", "StoredObject", "VerifiedReader", "check_key", "default_url", "file_sha256", "is_local_url",
-    "local_run_root", "open_store",
+    "CHUNK",
+    "ENDPOINT_ENV",
+    "ENV",
+    "ArtifactStore",
+    "BadKey",
+    "KeyExists",
+    "LocalStore",
+    "S3Store",
+    "StoreCheck",
+    "StoreError",
+    "StoredObject",
+    "VerifiedReader",
+    "check_key",
+    "default_url",
+    "file_sha256",
+    "is_local_url",
+    "local_run_root",
+    "open_store",
 ]
 
 

@@ -34,8 +34,10 @@ class KeyExists(FileExistsError):
     """A put with overwrite=False found the key taken: what is stored there is left as it is."""
 
     def __init__(self, url: str, key: str):
-        super().__init__(f"artifact store {url}: {key} exists already and is never overwritten (an artifact id "
-                         "keeps its bytes): write the new file under a new key")
+        super().__init__(
+            f"artifact store {url}: {key} exists already and is never overwritten (an artifact id "
+            "keeps its bytes): write the new file under a new key"
+        )
         self.key = key
 
 
@@ -66,8 +68,10 @@ def check_key(key: str, *, prefix: bool = False) -> str:
         raise BadKey("an artifact key must be a non-empty string")
     k = key.rstrip("/") if prefix else key
     if k.startswith("/") or _BAD_CHARS.search(k) or re.match(r"^[A-Za-z]:", k) or "://" in k:
-        raise BadKey(f"artifact key {key!r} is refused: keys are relative paths such as runs/<id>/model.onnx "
-                     "(no leading '/', backslash, drive letter, URL or control character)")
+        raise BadKey(
+            f"artifact key {key!r} is refused: keys are relative paths such as runs/<id>/model.onnx "
+            "(no leading '/', backslash, drive letter, URL or control character)"
+        )
     parts = k.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise BadKey(f"artifact key {key!r} is refused: '..', '.' and empty path parts are not allowed")
@@ -138,13 +142,21 @@ class ArtifactStore:
             self.put_bytes(probe, key)
             step = "read back from"
             if self.read_bytes(key) != probe:
-                return StoreCheck(False, self.url, f"artifact store {self.url}: a probe read back differs from what "
-                                  "was written", "check the storage service's health")
+                return StoreCheck(
+                    False,
+                    self.url,
+                    f"artifact store {self.url}: a probe read back differs from what was written",
+                    "check the storage service's health",
+                )
             step = "delete from"
             self.delete(key)
         except Exception as e:  # noqa: BLE001 - reported, never raised
-            return StoreCheck(False, self.url, f"artifact store {self.url}: cannot {step} it "
-                              f"({e.__class__.__name__}: {short_error(e)})", self._fix(e))
+            return StoreCheck(
+                False,
+                self.url,
+                f"artifact store {self.url}: cannot {step} it ({e.__class__.__name__}: {short_error(e)})",
+                self._fix(e),
+            )
         return StoreCheck(True, self.url, f"artifact store {self.url}: write, read and delete work")
 
     def _fix(self, e: Exception) -> str:
@@ -226,7 +238,7 @@ class VerifiedReader(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
     def _verify(self) -> None:

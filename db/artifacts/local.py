@@ -19,6 +19,7 @@ from db.artifacts.base import (
     file_sha256,
 )
 
+
 class LocalStore(ArtifactStore):
     """A folder on this host (or a shared mount)."""
 
@@ -118,5 +119,7 @@ class LocalStore(ArtifactStore):
             return None
 
     def _fix(self, e: Exception) -> str:
-        return (f"make {self.root} writable by this user (or point TORCHDECK_ARTIFACTS at a folder it can write, "
-                "or at s3://bucket/prefix)")
+        return (
+            f"make {self.root} writable by this user (or point TORCHDECK_ARTIFACTS at a folder it can write, "
+            "or at s3://bucket/prefix)"
+        )

@@ -49,8 +49,10 @@ class S3Store(ArtifactStore):
         """One client per configuration and process (making one costs ~0.5 s); the configuration comes
         from the environment each time, so changed credentials or endpoint give a new client."""
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        creds = tuple(os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                                                   "AWS_PROFILE"))
+        creds = tuple(
+            os.environ.get(k)
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+        )
         token = (os.getpid(), self.endpoint_url, region, creds, attempts)
         with _FS_LOCK:
             fs = _FS_CACHE.get(token)
@@ -63,10 +65,16 @@ class S3Store(ArtifactStore):
             import s3fs
         except ImportError as e:  # pragma: no cover - s3fs is a dependency
             raise StoreError("s3:// artifact stores need the s3fs package (pip install s3fs)") from e
-        kwargs: dict = {"use_listings_cache": False, "skip_instance_cache": True,
-                        "client_kwargs": {"region_name": region},
-                        "config_kwargs": {"retries": {"max_attempts": attempts, "mode": "standard"},
-                                          "connect_timeout": 10, "read_timeout": 120}}
+        kwargs: dict = {
+            "use_listings_cache": False,
+            "skip_instance_cache": True,
+            "client_kwargs": {"region_name": region},
+            "config_kwargs": {
+                "retries": {"max_attempts": attempts, "mode": "standard"},
+                "connect_timeout": 10,
+                "read_timeout": 120,
+            },
+        }
         if self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
         key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
@@ -151,7 +159,7 @@ class S3Store(ArtifactStore):
         if not uri.startswith(base):
             return None
         try:
-            return check_key(uri[len(base):])
+            return check_key(uri[len(base) :])
         except BadKey:
             return None
 
@@ -161,13 +169,16 @@ class S3Store(ArtifactStore):
             return f"create the bucket {self.bucket!r} (or fix the bucket name in TORCHDECK_ARTIFACTS)"
         if "EndpointConnectionError" in text or "Could not connect" in text:  # its URL may hold any digits
             return self._unreachable()
-        if any(s in text for s in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")) \
-                or re.search(r"\b403\b", text):
+        if any(
+            s in text for s in ("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+        ) or re.search(r"\b403\b", text):
             return "give AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY of a user allowed to read and write the bucket"
         if "NoCredentials" in text or "Unable to locate credentials" in text:
             return "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
         return self._unreachable()
 
     def _unreachable(self) -> str:
-        return (f"check that the S3 endpoint ({self.endpoint_url or 'AWS'}) is reachable from this host "
-                f"({ENDPOINT_ENV} for MinIO or another S3-compatible service) and the credentials are right")
+        return (
+            f"check that the S3 endpoint ({self.endpoint_url or 'AWS'}) is reachable from this host "
+            f"({ENDPOINT_ENV} for MinIO or another S3-compatible service) and the credentials are right"
+        )

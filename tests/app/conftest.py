@@ -78,8 +78,6 @@ def page(home: Path) -> Callable[..., AppTest]:
     return open_page
 
 
-
-
 @pytest.fixture
 def jobs_worker(home: Path, broker) -> Iterator[subprocess.Popen]:
     """A real jobs worker (what `torchdeck up` starts beside the run worker) on the test Redis, with this
@@ -90,8 +88,26 @@ def jobs_worker(home: Path, broker) -> Iterator[subprocess.Popen]:
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     log = open(home / "jobs-worker.log", "ab")  # noqa: SIM115 - kept open for the worker's life
-    cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", "jobs",
-           "-n", "jobs@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app",
+        "worker",
+        "-P",
+        "solo",
+        "-c",
+        "1",
+        "-Q",
+        "jobs",
+        "-n",
+        "jobs@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        "INFO",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     engine = make_engine()
     deadline = time.monotonic() + 120

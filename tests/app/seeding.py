@@ -12,13 +12,27 @@ from db import repo
 from db.types import EventInput, MetricPoint
 from tests._servers import free_port  # noqa: F401 - a port no other xdist worker is handed (test_secrets)
 
-DIGITS = {"name": "digits-test", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 3},
-          "export": {"formats": ["onnx"]}}
+DIGITS = {
+    "name": "digits-test",
+    "data": {"name": "digits", "image_size": 16},
+    "train": {"epochs": 3},
+    "export": {"formats": ["onnx"]},
+}
 
 
-def seed_run(engine: Engine, name: str = "r", *, status: str = "completed", spec: dict | None = None,
-             tags: tuple[str, ...] = (), owner: str = "local", steps: int = 0, epochs: int = 0,
-             lr: float = 0.001, val_acc: float = 0.9) -> repo.RunRecord:
+def seed_run(
+    engine: Engine,
+    name: str = "r",
+    *,
+    status: str = "completed",
+    spec: dict | None = None,
+    tags: tuple[str, ...] = (),
+    owner: str = "local",
+    steps: int = 0,
+    epochs: int = 0,
+    lr: float = 0.001,
+    val_acc: float = 0.9,
+) -> repo.RunRecord:
     """A run in any state, with `steps` per-step points and `epochs` per-epoch points."""
     s = {**DIGITS, **(spec or {}), "optim": {"lr": lr}}
     s = RunSpec.model_validate(s).model_dump(mode="json")
@@ -26,34 +40,59 @@ def seed_run(engine: Engine, name: str = "r", *, status: str = "completed", spec
     if status == "queued":
         return repo.get_run(engine, r.id)
     repo.claim_run(engine, r.id, "w1", device="cpu")
-    pts = [MetricPoint("train/loss", i, 2.3 / (1 + 0.01 * i), 1 + i * max(epochs, 1) // max(steps, 1)) for i in range(1, steps + 1)]
+    pts = [
+        MetricPoint("train/loss", i, 2.3 / (1 + 0.01 * i), 1 + i * max(epochs, 1) // max(steps, 1))
+        for i in range(1, steps + 1)
+    ]
     per = max(steps // max(epochs, 1), 1)
     for e in range(1, epochs + 1):
         acc = val_acc * e / epochs
-        pts += [MetricPoint("val/loss", e * per, 1.0 / e, e), MetricPoint("val/acc", e * per, acc, e),
-                MetricPoint("epoch_time_s", e * per, 1.5, e)]
+        pts += [
+            MetricPoint("val/loss", e * per, 1.0 / e, e),
+            MetricPoint("val/acc", e * per, acc, e),
+            MetricPoint("epoch_time_s", e * per, 1.5, e),
+        ]
     if pts:
         repo.append_metrics(engine, r.id, pts)
     if status == "running":
         repo.heartbeat(engine, r.id, worker_id="w1", progress=0.5)
         return repo.get_run(engine, r.id)
     best = {"metric": "val/acc", "value": val_acc, "epoch": epochs} if epochs else None
-    repo.finish_run(engine, r.id, status, summary={"status": status, "best": best, "epochs_run": epochs,
-                                                    "wall_time_s": 12.5, "parameters": 71754})
+    repo.finish_run(
+        engine,
+        r.id,
+        status,
+        summary={"status": status, "best": best, "epochs_run": epochs, "wall_time_s": 12.5, "parameters": 71754},
+    )
     return repo.get_run(engine, r.id)
 
 
 def seed_evaluation(engine: Engine, run_id: str) -> None:
     names = [str(i) for i in range(3)]
-    repo.append_events(engine, run_id, [
-        EventInput("evaluation", "info", "epoch 1: val/acc 0.9", data={
-            "epoch": 1, "confusion": [[5, 1, 0], [0, 6, 0], [1, 0, 4]], "per_class_acc": [0.83, 1.0, 0.8],
-            "class_names": names}),
-        EventInput("diagnosis", "warning", "training loss is not decreasing", code="loss_not_decreasing",
-                   data={"code": "loss_not_decreasing", "advice": "Raise the learning rate or check the labels."}),
-    ])
-
-
+    repo.append_events(
+        engine,
+        run_id,
+        [
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 1: val/acc 0.9",
+                data={
+                    "epoch": 1,
+                    "confusion": [[5, 1, 0], [0, 6, 0], [1, 0, 4]],
+                    "per_class_acc": [0.83, 1.0, 0.8],
+                    "class_names": names,
+                },
+            ),
+            EventInput(
+                "diagnosis",
+                "warning",
+                "training loss is not decreasing",
+                code="loss_not_decreasing",
+                data={"code": "loss_not_decreasing", "advice": "Raise the learning rate or check the labels."},
+            ),
+        ],
+    )
 
 
 WIDGET_KINDS = ("number_input", "checkbox", "selectbox", "multiselect", "text_input", "toggle", "slider")

@@ -23,9 +23,15 @@ ISSUER = "https://sso.example.com/realms/lab"
 def team_env(cookie_secret: str) -> dict[str, str]:
     """The environment of a team-mode dashboard signing in at ISSUER, on 127.0.0.1 (its cookies signed with
     `cookie_secret`, which sign_in_cookie needs too)."""
-    return {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1", "TORCHDECK_OIDC_ISSUER": ISSUER,
-            "TORCHDECK_OIDC_CLIENT_ID": "torchdeck", "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
-            "TORCHDECK_OIDC_REDIRECT_URI": f"http://{SITE}/oauth2callback", "TORCHDECK_OIDC_COOKIE_SECRET": cookie_secret}
+    return {
+        "TORCHDECK_MODE": "team",
+        "TORCHDECK_UI_ADDRESS": "127.0.0.1",
+        "TORCHDECK_OIDC_ISSUER": ISSUER,
+        "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
+        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+        "TORCHDECK_OIDC_REDIRECT_URI": f"http://{SITE}/oauth2callback",
+        "TORCHDECK_OIDC_COOKIE_SECRET": cookie_secret,
+    }
 
 
 def running_run(db_url: str) -> str:
@@ -80,8 +86,9 @@ def sign_in_cookie(secret: str, origin: str, claims: dict) -> str:
 
 
 @contextmanager
-def stream(port: int, host: str | None = None, origin: str | None = None,
-           cookies: dict[str, str] | None = None) -> Iterator[ClientConnection]:
+def stream(
+    port: int, host: str | None = None, origin: str | None = None, cookies: dict[str, str] | None = None
+) -> Iterator[ClientConnection]:
     """Streamlit's websocket opened as a browser on http://`host` would (its Host and Origin, an XSRF token in
     the subprotocols and its cookie); the connection goes to 127.0.0.1:`port` whatever the name."""
     from streamlit.web.server.starlette.starlette_app_utils import (
@@ -92,9 +99,15 @@ def stream(port: int, host: str | None = None, origin: str | None = None,
     xsrf = generate_xsrf_token_string()
     jar = {"_streamlit_xsrf": xsrf, **(cookies or {})}
     sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-    with connect(f"ws://{host}/_stcore/stream", sock=sock, origin=origin or f"http://{host}",
-                 subprotocols=["streamlit", xsrf], additional_headers={"Cookie": cookie_header(jar)},
-                 open_timeout=WAIT_S, max_size=None) as ws:
+    with connect(
+        f"ws://{host}/_stcore/stream",
+        sock=sock,
+        origin=origin or f"http://{host}",
+        subprotocols=["streamlit", xsrf],
+        additional_headers={"Cookie": cookie_header(jar)},
+        open_timeout=WAIT_S,
+        max_size=None,
+    ) as ws:
         yield ws
 
 

@@ -18,17 +18,30 @@ from db.types import MetricPoint, SweepRecord
 from sweep import control
 from sweep.spec import SweepSpec
 
-BASE = RunSpec.model_validate({"data": {"name": "digits", "image_size": 16}, "model": {"name": "mlp"},
-                               "train": {"epochs": 3}, "device": "cpu", "seed": 7})
+BASE = RunSpec.model_validate(
+    {
+        "data": {"name": "digits", "image_size": 16},
+        "model": {"name": "mlp"},
+        "train": {"epochs": 3},
+        "device": "cpu",
+        "seed": 7,
+    }
+)
 LRS = (0.1, 0.01, 0.001)
 CURVES = {0: [0.5, 0.8, 0.9], 1: [0.2, 0.3, 0.35], 2: [0.6, 0.85, 0.95]}  # val/acc per epoch, by trial number
 SEED_SPREAD = 0.01  # seed k of a group: every value + k × this
 
 
 def sweep_spec(seeds: int = 1, **kw) -> SweepSpec:
-    data = {"base": BASE.model_dump(mode="json"), "space": {"optim.lr": {"choice": list(LRS)}}, "method": "grid",
-            "objective": {"metric": "val/acc"}, "budget": {"parallel": 1}, "seeds": seeds,
-            "pruner": {"kind": "median", "startup_trials": 1, "warmup_epochs": 0}}
+    data = {
+        "base": BASE.model_dump(mode="json"),
+        "space": {"optim.lr": {"choice": list(LRS)}},
+        "method": "grid",
+        "objective": {"metric": "val/acc"},
+        "budget": {"parallel": 1},
+        "seeds": seeds,
+        "pruner": {"kind": "median", "startup_trials": 1, "warmup_epochs": 0},
+    }
     data.update(kw)
     return SweepSpec.model_validate(data)
 
@@ -77,20 +90,42 @@ def play_run(engine: Engine, run_id: str) -> str:
     last = spec.train.epochs
     for epoch in range(1, last + 1):
         value = curve[epoch - 1] + shift
-        repo.append_metrics(engine, run_id, [MetricPoint("val/acc", epoch * 10, value, epoch=epoch),
-                                             MetricPoint("val/loss", epoch * 10, 1 - value, epoch=epoch)])
+        repo.append_metrics(
+            engine,
+            run_id,
+            [
+                MetricPoint("val/acc", epoch * 10, value, epoch=epoch),
+                MetricPoint("val/loss", epoch * 10, 1 - value, epoch=epoch),
+            ],
+        )
         if epoch < last:
             reason = control.judge_run(engine, repo.get_run(engine, run_id), epoch)
             if reason:
                 repo.finish_run(engine, run_id, "pruned", summary={"epochs_run": epoch, "pruned": reason})
                 return "pruned"
-    repo.finish_run(engine, run_id, "completed", summary={"epochs_run": last, "wall_time_s": 6.0 * last,
-                                                          "best": {"metric": "val/acc", "value": max(curve) + shift}})
+    repo.finish_run(
+        engine,
+        run_id,
+        "completed",
+        summary={
+            "epochs_run": last,
+            "wall_time_s": 6.0 * last,
+            "best": {"metric": "val/acc", "value": max(curve) + shift},
+        },
+    )
     return "completed"
 
 
-def seed_sweep(engine: Engine, *, name: str = "lr-sweep", owner: str = "local", seeds: int = 1,
-               trials: int | None = None, then_running: bool = False, **spec) -> Played:
+def seed_sweep(
+    engine: Engine,
+    *,
+    name: str = "lr-sweep",
+    owner: str = "local",
+    seeds: int = 1,
+    trials: int | None = None,
+    then_running: bool = False,
+    **spec,
+) -> Played:
     """A grid over three learning rates, played to its end (trials=None) or until `trials` trials are over."""
     played = Played(engine, "")
     record = control.create(engine, sweep_spec(seeds, **spec), owner=owner, send=played, name=name)

@@ -38,10 +38,17 @@ from tests.db.conftest import database_url  # noqa: F401 - the fixture: a real S
 
 LIMIT = 2
 OPERATOR = "cli:operator"
-GOOD = {"name": "good", "data": {"name": "digits", "image_size": 8}, "model": {"name": "mlp"},
-        "train": {"epochs": 2}, "device": "cpu"}
-BAD = {"data.path": {**GOOD, "data": {"name": "imagefolder", "path": "/etc"}},
-       "model.weights_file": {**GOOD, "model": {"name": "mlp", "weights_file": "/etc/shadow"}}}
+GOOD = {
+    "name": "good",
+    "data": {"name": "digits", "image_size": 8},
+    "model": {"name": "mlp"},
+    "train": {"epochs": 2},
+    "device": "cpu",
+}
+BAD = {
+    "data.path": {**GOOD, "data": {"name": "imagefolder", "path": "/etc"}},
+    "model.weights_file": {**GOOD, "model": {"name": "mlp", "weights_file": "/etc/shadow"}},
+}
 SWEPT = {"data.path": "/etc", "model.weights_file": "/etc/shadow"}  # the same values, in a sweep's space
 Outcome = tuple[str, str]  # ("spec", the field named) | ("quota", "") | ("admitted", "")
 
@@ -78,8 +85,9 @@ def plant(engine: Engine, spec: dict, *, status: str = "completed", owner: str =
 
 def plant_sweep(engine: Engine, base: dict) -> str:
     """A finished one-trial sweep over `base`, stored without the gate: its best is `base` itself."""
-    spec = SweepSpec.model_validate({"base": base, "space": {"optim.lr": {"choice": [0.01]}}, "method": "grid",
-                                     "objective": {"metric": "val/acc"}})
+    spec = SweepSpec.model_validate(
+        {"base": base, "space": {"optim.lr": {"choice": [0.01]}}, "method": "grid", "objective": {"metric": "val/acc"}}
+    )
     sweep = control.create(engine, spec, owner=OPERATOR, send=lambda run: None, name="planted")
     run = repo.sweep_runs(engine, sweep.id)[0]
     repo.claim_run(engine, run.id, "w1")
@@ -159,8 +167,13 @@ def by_cli_sweep(engine: Engine, case: str, tmp: Path) -> Outcome:
     return cli(["sweep", str(tmp / "sweep.yaml"), "--owner", ana()])
 
 
-SERVICES = {"service": by_service, "rerun": by_rerun, "repeat": by_repeat, "launch-best": by_launch_best,
-            "sweep": by_sweep}
+SERVICES = {
+    "service": by_service,
+    "rerun": by_rerun,
+    "repeat": by_repeat,
+    "launch-best": by_launch_best,
+    "sweep": by_sweep,
+}
 CLIS = {"cli-submit": by_cli_submit, "cli-sweep": by_cli_sweep}
 
 
@@ -221,8 +234,12 @@ def by_weights(engine: Engine, case: str) -> Outcome:
 
 
 PAGES = {"form": by_form, "clone": by_clone, "weights": by_weights}
-EXPECTED = {"data.path": ("spec", "data.path"), "model.weights_file": ("spec", "model.weights_file"),
-            "quota": ("quota", ""), "good": ("admitted", "")}
+EXPECTED = {
+    "data.path": ("spec", "data.path"),
+    "model.weights_file": ("spec", "model.weights_file"),
+    "quota": ("quota", ""),
+    "good": ("admitted", ""),
+}
 
 
 def anas(engine: Engine) -> tuple[int, int]:
@@ -258,8 +275,14 @@ def test_repeats_and_sweeps_never_take_a_person_past_the_limit(gate, broker):
         with pytest.raises(QueueLimitReached, match="these 19 would make 20"):
             sweeps.repeat_with_seeds(first.id, 20, owner=ana(), engine=engine)
     assert repo.get_run(engine, first.id).group_id is None  # a refused repeat leaves the run as it was
-    spec = SweepSpec.model_validate({"base": GOOD, "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001]}},
-                                     "method": "grid", "budget": {"parallel": 2}})
+    spec = SweepSpec.model_validate(
+        {
+            "base": GOOD,
+            "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001]}},
+            "method": "grid",
+            "budget": {"parallel": 2},
+        }
+    )
     made = sweeps.submit_sweep(spec, owner=ana(), engine=engine)
     for _ in range(2):
         with pytest.raises(QueueLimitReached):
@@ -279,10 +302,14 @@ def test_a_sweep_never_turns_an_uploaded_dataset_into_a_download_folder(gate, ho
     write MNIST/raw into it: refused at validation, and a sweep stored so earlier never gets a trial."""
     engine = gate
     bobs = home / "datasets" / "pets"
-    repo.create_dataset(engine, "pets", str(bobs), classes=["cat", "dog"], counts={"cat": 1, "dog": 1},
-                        status="ready", owner="bob")
-    data = {"base": {**GOOD, "data": {"name": "imagefolder", "path": str(bobs), "download": True}},
-            "space": {"data.name": {"choice": ["mnist"]}}, "method": "grid"}
+    repo.create_dataset(
+        engine, "pets", str(bobs), classes=["cat", "dog"], counts={"cat": 1, "dog": 1}, status="ready", owner="bob"
+    )
+    data = {
+        "base": {**GOOD, "data": {"name": "imagefolder", "path": str(bobs), "download": True}},
+        "space": {"data.name": {"choice": ["mnist"]}},
+        "method": "grid",
+    }
     with pytest.raises(SpecError) as refused:
         sweeps.submit_sweep(SweepSpec.model_validate(data, context={"stored": True}), owner=ana(), engine=engine)
     assert [f for f, _ in refused.value.errors] == ["space.data.name"] and repo.list_sweeps(engine) == []
@@ -297,8 +324,12 @@ def test_the_dashboard_stores_runs_only_through_the_gate():
     import re
 
     root = Path(__file__).resolve().parents[2]
-    storing = {str(p.relative_to(root)) for part in ("app", "sweep", "worker") for p in (root / part).rglob("*.py")
-               if re.search(r"\bcreate_runs?\(", p.read_text())}
+    storing = {
+        str(p.relative_to(root))
+        for part in ("app", "sweep", "worker")
+        for p in (root / part).rglob("*.py")
+        if re.search(r"\bcreate_runs?\(", p.read_text())
+    }
     assert storing == {"app/services/admission.py"}
 
 

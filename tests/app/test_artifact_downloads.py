@@ -30,8 +30,9 @@ def _artifact(engine, home, data: bytes, name: str = "model.onnx", kind: str = "
     path = home / "artifacts" / "runs" / run.id / "export" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
-    art = repo.add_artifact(engine, run.id, kind, path.as_uri(), size=len(data),
-                            sha256=hashlib.sha256(data).hexdigest(), meta={})
+    art = repo.add_artifact(
+        engine, run.id, kind, path.as_uri(), size=len(data), sha256=hashlib.sha256(data).hexdigest(), meta={}
+    )
     return art, path
 
 
@@ -44,19 +45,27 @@ def client(home, monkeypatch):
 
 def test_the_route_serves_an_artifact_by_id_as_an_attachment(client, engine, home):
     data = os.urandom(3 << 20) + b"<script>alert(1)</script>"
-    art, _ = _artifact(engine, home, data, name="ré sumé\".html", kind="export_report")
+    art, _ = _artifact(engine, home, data, name='ré sumé".html', kind="export_report")
     got = client.get(downloads.url(art.id))
     assert got.status_code == 200 and got.content == data
     assert got.headers["content-type"] == "application/octet-stream"  # never rendered in the dashboard's origin
     assert got.headers["x-content-type-options"] == "nosniff" and got.headers["content-length"] == str(len(data))
-    assert got.headers["content-disposition"] == ("attachment; filename=\"r__sum__.html\"; "
-                                                  "filename*=UTF-8''r%C3%A9%20sum%C3%A9%22.html")
+    assert got.headers["content-disposition"] == (
+        "attachment; filename=\"r__sum__.html\"; filename*=UTF-8''r%C3%A9%20sum%C3%A9%22.html"
+    )
 
 
 def _drain(artifact_id: str) -> tuple[str, int, float]:
     """The route's answer read through as a server sends it: (sha256, status, peak MB traced meanwhile)."""
-    scope = {"type": "http", "method": "GET", "path": downloads.url(artifact_id), "headers": [],
-             "client": ("127.0.0.1", 50000), "query_string": b"", "path_params": {"artifact_id": artifact_id}}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": downloads.url(artifact_id),
+        "headers": [],
+        "client": ("127.0.0.1", 50000),
+        "query_string": b"",
+        "path_params": {"artifact_id": artifact_id},
+    }
     h = hashlib.sha256()
 
     async def read(answer) -> None:
@@ -97,9 +106,13 @@ def test_a_file_changed_behind_its_id_is_refused_before_its_first_byte(client, e
 def test_ids_that_are_not_ids_unknown_ids_and_files_outside_the_store_are_refused(client, engine, home):
     run = seed_run(engine, "r")
     outside = repo.add_artifact(engine, run.id, "checkpoint_best", (home / "torchdeck.db").as_uri(), size=1)
-    for artifact_id, status, words in (("%2e%2e", 400, "not an artifact id"), ("a.b", 400, "not an artifact id"),
-                                       ("x" * 65, 400, "not an artifact id"), ("0" * 32, 404, "no artifact with id"),
-                                       (outside.id, 404, "cannot be downloaded here")):
+    for artifact_id, status, words in (
+        ("%2e%2e", 400, "not an artifact id"),
+        ("a.b", 400, "not an artifact id"),
+        ("x" * 65, 400, "not an artifact id"),
+        ("0" * 32, 404, "no artifact with id"),
+        (outside.id, 404, "cannot be downloaded here"),
+    ):
         got = client.get(f"{downloads.PATH}/{artifact_id}")
         assert got.status_code == status and words in got.text, (artifact_id, got.status_code, got.text)
 

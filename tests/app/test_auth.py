@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import stat
 import tomllib
-
 from types import SimpleNamespace
 
 import pytest
@@ -32,8 +31,14 @@ def team(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def claims(email: str, **more) -> dict:
     """What a provider's ID token says of someone whose e-mail it verified (the subject: a stable id)."""
-    return {"iss": ISS, "sub": f"id-{email.lower()}", "email": email, "email_verified": True,
-            "name": email.split("@")[0].title(), **more}
+    return {
+        "iss": ISS,
+        "sub": f"id-{email.lower()}",
+        "email": email,
+        "email_verified": True,
+        "name": email.split("@")[0].title(),
+        **more,
+    }
 
 
 def user(email: str, **more) -> auth.User:
@@ -73,23 +78,28 @@ def test_a_chosen_username_or_unverified_address_is_nobodys_identity(team, monke
     monkeypatch.setenv(auth.ADMINS_ENV, "boss@corp.com")
     monkeypatch.setenv(auth.ALLOWED_USERS_ENV, "boss@corp.com")
     bosses_run = seed_run(engine, "boss", owner="boss@corp.com", status="queued")  # stored as an e-mail
-    forged = [{"preferred_username": "boss@corp.com", "email_verified": False},
-              {"preferred_username": "boss@corp.com", "email": "boss@corp.com", "email_verified": False},
-              {"email": "boss@corp.com"},  # email_verified absent: not verified
-              {"email": "boss@corp.com", "email_verified": "true"}]  # only the boolean true counts
+    forged = [
+        {"preferred_username": "boss@corp.com", "email_verified": False},
+        {"preferred_username": "boss@corp.com", "email": "boss@corp.com", "email_verified": False},
+        {"email": "boss@corp.com"},  # email_verified absent: not verified
+        {"email": "boss@corp.com", "email_verified": "true"},
+    ]  # only the boolean true counts
     for extra in forged:
         u = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "mallory", **extra})
         assert u is not None and u.id == f"{ISS}#mallory" and u.email is None, extra
         assert not u.is_admin and not auth.is_member(u) and not auth.can_modify(u, bosses_run), extra
-    boss = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "b0", "email": "Boss@Corp.com",
-                                  "email_verified": True})
+    boss = auth.user_from_claims(
+        {"is_logged_in": True, "iss": ISS, "sub": "b0", "email": "Boss@Corp.com", "email_verified": True}
+    )
     assert boss.is_admin and auth.is_member(boss) and boss.email == "Boss@Corp.com"
 
 
 def test_the_key_is_issuer_and_subject(team, monkeypatch):
     """The same subject at another provider is another person; without `iss`, the configured issuer's."""
-    here, there = (auth.user_from_claims({"is_logged_in": True, "iss": iss, "sub": "42"})
-                   for iss in (ISS, "https://accounts.google.com"))
+    here, there = (
+        auth.user_from_claims({"is_logged_in": True, "iss": iss, "sub": "42"})
+        for iss in (ISS, "https://accounts.google.com")
+    )
     assert here.id == f"{ISS}#42" and there.id == "https://accounts.google.com#42"
     monkeypatch.setenv(auth.ISSUER_ENV, ISS + "/")
     assert auth.user_from_claims({"is_logged_in": True, "sub": "42"}).id == f"{ISS}#42"
@@ -123,7 +133,9 @@ def test_owners_by_key_and_legacy_email_owners(team, engine):
     assert not auth.can_modify(unverified, legacy)  # an e-mail nobody verified owns nothing
     assert not auth.can_modify(user(ANA), keyed) and not auth.can_modify(user(ANA), legacy)
     # Anything with an owner: a dataset with none (uploaded before datasets had owners) is an admin's only.
-    assert not auth.can_modify(bob, SimpleNamespace(owner=None)) and auth.can_modify(user(ADMIN), SimpleNamespace(owner=None))
+    assert not auth.can_modify(bob, SimpleNamespace(owner=None)) and auth.can_modify(
+        user(ADMIN), SimpleNamespace(owner=None)
+    )
     assert auth.can_modify(bob, SimpleNamespace(owner=bob.id))
 
 
@@ -175,7 +187,9 @@ def test_service_refuses_cancel_and_delete_by_another_user(team, engine, home):
     files.mkdir(parents=True)
     (files / "best.pt").write_bytes(b"x")
     for r in (queued, running):
-        with pytest.raises(auth.PermissionDenied, match=rf"Ana \({ANA}\) may not cancel run {r.id}: it belongs to {BOB}"):
+        with pytest.raises(
+            auth.PermissionDenied, match=rf"Ana \({ANA}\) may not cancel run {r.id}: it belongs to {BOB}"
+        ):
             cancel(r.id, engine=engine, by=user(ANA))
     with pytest.raises(auth.PermissionDenied, match="may not delete"):
         remove(done.id, engine=engine, by=user(ANA))
@@ -216,7 +230,9 @@ def test_team_mode_writes_the_auth_secrets_for_streamlit(team, monkeypatch, tmp_
     monkeypatch.setenv("TORCHDECK_OIDC_CLIENT_SECRET", 'with "quotes" and \\ backslash')
     opts = auth.serve_options(tmp_path)
     assert opts[opts.index("--server.address") + 1] == "0.0.0.0"
-    assert opts[opts.index("--client.showErrorDetails") + 1] == "none"  # no traceback for visitors (Streamlit 1.67's values)
+    assert (
+        opts[opts.index("--client.showErrorDetails") + 1] == "none"
+    )  # no traceback for visitors (Streamlit 1.67's values)
     path = tmp_path / "auth" / "secrets.toml"
     assert opts[opts.index("--secrets.files") + 1] == str(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # a client secret: this user only
@@ -228,8 +244,10 @@ def test_team_mode_writes_the_auth_secrets_for_streamlit(team, monkeypatch, tmp_
     monkeypatch.delenv("TORCHDECK_OIDC_SERVER_METADATA_URL")
     monkeypatch.setenv(auth.ISSUER_ENV, "https://sso.example.com/realms/lab/")
     auth.serve_options(tmp_path)
-    assert (tomllib.loads(path.read_text())["auth"]["server_metadata_url"]
-            == "https://sso.example.com/realms/lab/.well-known/openid-configuration")
+    assert (
+        tomllib.loads(path.read_text())["auth"]["server_metadata_url"]
+        == "https://sso.example.com/realms/lab/.well-known/openid-configuration"
+    )
 
 
 def test_local_mode_is_served_on_loopback_only(monkeypatch, tmp_path):

@@ -108,16 +108,19 @@ def test_x_axis_by_relative_and_by_wall_time(page, engine):
 
 
 def _many_fields(i: int) -> dict:
-    return {"seed": 40 + i, "data": {"name": "digits", "image_size": 16 + 8 * i, "val_fraction": 0.1 + 0.1 * i,
-                                     "limit": 100 + 100 * i},
-            "model": {"dropout": 0.1 * i},
-            "train": {"epochs": 3 + i, "batch_size": 32 * (i + 1), "label_smoothing": 0.05 * i,
-                      "log_every": 10 + 10 * i}}
+    return {
+        "seed": 40 + i,
+        "data": {"name": "digits", "image_size": 16 + 8 * i, "val_fraction": 0.1 + 0.1 * i, "limit": 100 + 100 * i},
+        "model": {"dropout": 0.1 * i},
+        "train": {"epochs": 3 + i, "batch_size": 32 * (i + 1), "label_smoothing": 0.05 * i, "log_every": 10 + 10 * i},
+    }
 
 
 def test_choosing_the_hyperparameters_of_the_parallel_plot(page, engine):
-    runs = [seed_run(engine, f"r{i}", steps=10, epochs=2, lr=0.001 * (i + 1), spec=_many_fields(i),
-                     val_acc=0.8 + 0.05 * i) for i in range(2)]
+    runs = [
+        seed_run(engine, f"r{i}", steps=10, epochs=2, lr=0.001 * (i + 1), spec=_many_fields(i), val_acc=0.8 + 0.05 * i)
+        for i in range(2)
+    ]
     at = _tab(page("compare.py", ids=",".join(r.id for r in runs)), "Hyperparameters")
     assert not at.exception
     axes = at.multiselect(key="cmp.pc_axes")
@@ -133,8 +136,12 @@ def test_choosing_the_hyperparameters_of_the_parallel_plot(page, engine):
 def test_summary_shows_best_min_max_and_last_of_the_objective(page, engine):
     r = seed_run(engine, "dips", status="running", steps=20, epochs=2, val_acc=0.9)  # val/acc 0.45 then 0.9
     repo.append_metrics(engine, r.id, [MetricPoint("val/acc", 30, 0.7, 3), MetricPoint("val/loss", 30, 0.6, 3)])
-    repo.finish_run(engine, r.id, "completed", summary={"status": "completed",
-                                                        "best": {"metric": "val/acc", "value": 0.9, "epoch": 2}})
+    repo.finish_run(
+        engine,
+        r.id,
+        "completed",
+        summary={"status": "completed", "best": {"metric": "val/acc", "value": 0.9, "epoch": 2}},
+    )
     other = seed_run(engine, "steady", steps=20, epochs=2, val_acc=0.8)
     at = _tab(page("compare.py", ids=f"{r.id},{other.id}"), "Summary")
     assert not at.exception

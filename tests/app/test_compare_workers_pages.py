@@ -63,8 +63,14 @@ def test_workers_empty_state(page):
 
 def test_workers_devices_heartbeat_current_run_and_queue_positions(page, engine):
     running = seed_run(engine, "busy", status="running")
-    repo.upsert_worker(engine, "gpu0@box", hostname="box", queues=["gpu", "cpu"],
-                       devices=[{"kind": "gpu", "index": 0, "util": 87.0, "mem_mb": 5120.0}], current_run_id=running.id)
+    repo.upsert_worker(
+        engine,
+        "gpu0@box",
+        hostname="box",
+        queues=["gpu", "cpu"],
+        devices=[{"kind": "gpu", "index": 0, "util": 87.0, "mem_mb": 5120.0}],
+        current_run_id=running.id,
+    )
     q1 = seed_run(engine, "first", status="queued")
     q2 = seed_run(engine, "cpu-one", status="queued", spec={"device": "cpu"})
     q3 = seed_run(engine, "second", status="queued")
@@ -86,8 +92,9 @@ def _heard_from(engine, worker_id: str, seconds_ago: float) -> None:
     from db.types import utcnow
 
     with engine.begin() as conn:
-        conn.execute(update(Worker).where(Worker.id == worker_id)
-                     .values(heartbeat_at=utcnow() - timedelta(seconds=seconds_ago)))
+        conn.execute(
+            update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=seconds_ago))
+        )
 
 
 def test_the_workers_page_and_doctor_agree_on_who_is_alive(page, engine, monkeypatch):
@@ -108,13 +115,17 @@ def test_the_workers_page_and_doctor_agree_on_who_is_alive(page, engine, monkeyp
 
 def test_a_cpu_only_worker_takes_cpu_runs_and_an_idle_one_shows_a_dash_for_its_run(page, engine):
     """`make up` on a machine without a GPU: one worker consuming gpu and cpu, which runs everything on its CPU."""
-    repo.upsert_worker(engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"],
-                       devices=[{"kind": "cpu", "cores": 8}])
+    repo.upsert_worker(
+        engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"], devices=[{"kind": "cpu", "cores": 8}]
+    )
     repo.upsert_worker(engine, "jobs@laptop", hostname="laptop", queues=["jobs"], devices=[{"kind": "cpu", "cores": 8}])
     at = page("workers.py")
     shown = at.dataframe[0]
     takes = dict(zip(shown.value["worker"], shown.value["takes"], strict=True))
-    assert takes == {"cpu@laptop": "CPU runs (the gpu queue's too, on its CPU)", "jobs@laptop": "no runs (dashboard jobs)"}
+    assert takes == {
+        "cpu@laptop": "CPU runs (the gpu queue's too, on its CPU)",
+        "jobs@laptop": "no runs (dashboard jobs)",
+    }
     assert shown.value["current run"].isna().all() and shown.proto.placeholder == "–"  # idle: a dash, not "None"
 
 
@@ -139,17 +150,28 @@ def test_a_train_loss_objective_is_summarised_from_its_per_epoch_values(page, en
 
     runs = []
     for name, epochs in (("a", (2.0, 1.5)), ("b", (1.8, 1.2))):
-        r = seed_run(engine, name, status="running", spec={"train": {"epochs": 2, "early_stopping": {
-            "monitor": "train/loss"}}})
-        repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
-                            + [MetricPoint("train/epoch_loss", 3 * e, v, e) for e, v in enumerate(epochs, 1)])
-        repo.finish_run(engine, r.id, "completed", summary={"best": {"metric": "train/loss", "value": epochs[-1],
-                                                                      "epoch": 2}})
+        r = seed_run(
+            engine, name, status="running", spec={"train": {"epochs": 2, "early_stopping": {"monitor": "train/loss"}}}
+        )
+        repo.append_metrics(
+            engine,
+            r.id,
+            [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
+            + [MetricPoint("train/epoch_loss", 3 * e, v, e) for e, v in enumerate(epochs, 1)],
+        )
+        repo.finish_run(
+            engine, r.id, "completed", summary={"best": {"metric": "train/loss", "value": epochs[-1], "epoch": 2}}
+        )
         runs.append(r)
     at = _tab(page("compare.py", ids=",".join(r.id for r in runs)), "Summary")
     table = at.dataframe[0].value.set_index("run")
-    assert (table.loc["a", "objective"], table.loc["a", "best"], table.loc["a", "min"], table.loc["a", "max"],
-            table.loc["a", "last"]) == ("train/loss", 1.5, 1.5, 2.0, 1.5)  # not 0.01, 0.01, 9.0, 5.0
+    assert (
+        table.loc["a", "objective"],
+        table.loc["a", "best"],
+        table.loc["a", "min"],
+        table.loc["a", "max"],
+        table.loc["a", "last"],
+    ) == ("train/loss", 1.5, 1.5, 2.0, 1.5)  # not 0.01, 0.01, 9.0, 5.0
     at.segmented_control(key="cmp.group_by").set_value("tag").run()
     grouped = at.dataframe[0].value.iloc[0]
     assert grouped["objective"] == "train/loss" and grouped["last"].startswith("1.3500 ± ")  # mean of 1.5 and 1.2

@@ -17,18 +17,24 @@ from db import repo
 
 
 def train_links(at) -> list[tuple[str, str]]:
-    return [(el.proto.page, el.proto.query_string) for el in at.get("page_link")
-            if el.proto.label == "Train on this dataset"]
+    return [
+        (el.proto.page, el.proto.query_string)
+        for el in at.get("page_link")
+        if el.proto.label == "Train on this dataset"
+    ]
 
 
-@pytest.mark.parametrize("filename, taken, expected", [
-    ("Pets Photos (v2).zip", (), "pets-photos-v2"),
-    ("Café.ZIP", (), "cafe"),
-    ("my.data.zip", (), "my.data"),
-    ("__.zip", (), "dataset"),
-    ("pets.zip", ("pets", "pets-2"), "pets-3"),
-    ("a" * 80 + ".zip", ("a" * 64,), "a" * 62 + "-2"),
-])
+@pytest.mark.parametrize(
+    "filename, taken, expected",
+    [
+        ("Pets Photos (v2).zip", (), "pets-photos-v2"),
+        ("Café.ZIP", (), "cafe"),
+        ("my.data.zip", (), "my.data"),
+        ("__.zip", (), "dataset"),
+        ("pets.zip", ("pets", "pets-2"), "pets-3"),
+        ("a" * 80 + ".zip", ("a" * 64,), "a" * 62 + "-2"),
+    ],
+)
 def test_default_names_pass_the_name_rules(filename, taken, expected):
     assert ds.default_name(filename, taken) == expected
     assert ds.check_name(expected) == expected
@@ -42,8 +48,9 @@ def test_the_name_box_defaults_to_the_zips_name_and_the_upload_links_to_new_run(
     assert at.text_input(key="ds.name").value == "pets-photos-v2"
     next(b for b in at.button if b.label == "Upload and check").click()
     at.run()
-    assert any("Stored pets-photos-v2: 3 images in 2 classes" in s.value for s in at.success), \
-        [e.value for e in at.error]
+    assert any("Stored pets-photos-v2: 3 images in 2 classes" in s.value for s in at.success), [
+        e.value for e in at.error
+    ]
     assert [d.name for d in repo.list_datasets(engine)] == ["pets-photos-v2"]
     assert at.text_input(key="ds.name").value == ""  # the form is emptied for the next upload
     assert ("new", "dataset=pets-photos-v2") in train_links(at)
@@ -99,11 +106,21 @@ def test_the_built_in_datasets_are_the_catalogs_with_its_figures(page, monkeypat
     at = page("datasets.py")
     table = at.dataframe[0].value.set_index("name")
     assert list(table.index) == ["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "svhn"]  # no upload kind
-    assert dict(table.loc["svhn"]) == {"images": "99,289", "classes": "10", "size": "32×32 RGB", "available": True,
-                                       "source": f"torchvision, from {tmp_path / 'svhn'} (or data.download with internet)"}
+    assert dict(table.loc["svhn"]) == {
+        "images": "99,289",
+        "classes": "10",
+        "size": "32×32 RGB",
+        "available": True,
+        "source": f"torchvision, from {tmp_path / 'svhn'} (or data.download with internet)",
+    }
     assert dict(table.loc["mnist"])["size"] == "28×28 gray" and not table.loc["mnist", "available"]
-    assert dict(table.loc["digits"]) == {"images": "1,797", "classes": "10", "size": "8×8 gray", "available": True,
-                                         "source": "sklearn.datasets.load_digits (ships inside its package)"}
+    assert dict(table.loc["digits"]) == {
+        "images": "1,797",
+        "classes": "10",
+        "size": "8×8 gray",
+        "available": True,
+        "source": "sklearn.datasets.load_digits (ships inside its package)",
+    }
     assert table.loc["synthetic", "images"] == "2,000 (data.num_samples)"
     assert table.loc["synthetic", "size"] == "32×32 (data.size)"
     at.selectbox(key="ds.builtin").set_value("svhn").run()

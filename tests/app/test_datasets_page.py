@@ -61,7 +61,11 @@ def test_upload_stores_registers_and_previews(page, engine, home):
     record = repo.list_datasets(engine)[0]
     stored = Path(record.uri)
     assert stored.parent == home / "datasets" and stored.name.startswith("pets-")  # a folder of its own
-    assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*.png")) == ["cat/1.png", "cat/2.png", "dog/1.png"]
+    assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*.png")) == [
+        "cat/1.png",
+        "cat/2.png",
+        "dog/1.png",
+    ]
     assert record.uri == str(stored) and record.counts == {"cat": 2, "dog": 1} and record.status == "ready"
     at.run()
     assert len(at.image) == 3 and sorted(i.proto.imgs[0].caption for i in at.image) == ["cat", "cat", "dog"]
@@ -79,17 +83,20 @@ def test_refusal_is_shown_on_the_page(page):
     assert any("Upload refused" in e.value and "at least two classes" in e.value for e in at.error)
 
 
-@pytest.mark.parametrize("entries, link, message", [
-    ({"../evil/1.png": png(), "cat/1.png": png(), "dog/1.png": png()}, None, "unsafe path"),
-    ({"/abs/1.png": png(), "cat/1.png": png(), "dog/1.png": png()}, None, "unsafe path"),
-    ({"cat/1.png": png(), "dog/1.png": png()}, "cat/link.png", "symbolic link"),
-    ({"cat/1.png": png(), "dog/1.png": png(), "dog/bomb.png": b"\0" * (8 << 20)}, None, "zip bomb"),
-    ({"cat/1.png": png(), "dog/1.png": png(), "dog/notes.txt": b"hello"}, None, "not images"),
-    ({"cat/1.png": png(), "dog/1.png": b"this is no png"}, None, "could not be read as images"),
-    ({"cat/1.png": png(), "cat/2.png": png()}, None, "at least two classes"),
-    ({"cat/1.png": png(), "dog/1.png": png(), "loose.png": png()}, None, "outside a class folder"),
-    ({"cat/1.png": png(), "d" * 190 + "/1.png": png()}, None, "has 190 characters.*at most 186"),
-])
+@pytest.mark.parametrize(
+    "entries, link, message",
+    [
+        ({"../evil/1.png": png(), "cat/1.png": png(), "dog/1.png": png()}, None, "unsafe path"),
+        ({"/abs/1.png": png(), "cat/1.png": png(), "dog/1.png": png()}, None, "unsafe path"),
+        ({"cat/1.png": png(), "dog/1.png": png()}, "cat/link.png", "symbolic link"),
+        ({"cat/1.png": png(), "dog/1.png": png(), "dog/bomb.png": b"\0" * (8 << 20)}, None, "zip bomb"),
+        ({"cat/1.png": png(), "dog/1.png": png(), "dog/notes.txt": b"hello"}, None, "not images"),
+        ({"cat/1.png": png(), "dog/1.png": b"this is no png"}, None, "could not be read as images"),
+        ({"cat/1.png": png(), "cat/2.png": png()}, None, "at least two classes"),
+        ({"cat/1.png": png(), "dog/1.png": png(), "loose.png": png()}, None, "outside a class folder"),
+        ({"cat/1.png": png(), "d" * 190 + "/1.png": png()}, None, "has 190 characters.*at most 186"),
+    ],
+)
 def test_bad_archives_are_refused_and_leave_nothing(engine, home, entries, link, message):
     with pytest.raises(ds.UploadRefused, match=message):
         _store(engine, "bad", make_zip(entries, link=link))

@@ -20,9 +20,14 @@ from core.train import run_training
 from db import repo
 from db.types import EventInput
 
-SPEC = {"data": {"name": "digits", "image_size": 8}, "model": {"name": "simple_cnn", "hidden": 16},
-        "train": {"epochs": 2, "batch_size": 64, "log_every": 5, "diag_every": 5}, "export": {"formats": []},
-        "device": "cpu", "seed": 0}
+SPEC = {
+    "data": {"name": "digits", "image_size": 8},
+    "model": {"name": "simple_cnn", "hidden": 16},
+    "train": {"epochs": 2, "batch_size": 64, "log_every": 5, "diag_every": 5},
+    "export": {"formats": []},
+    "device": "cpu",
+    "seed": 0,
+}
 
 
 @pytest.fixture
@@ -33,8 +38,14 @@ def trained(engine, home: Path):
     out = home / "artifacts" / "runs" / r.id
     sink = MemorySink()
     run_training(RunSpec.from_dict(SPEC), out, sink)
-    repo.append_events(engine, r.id, [EventInput(e["kind"], e["level"], e["message"], code=e["data"].get("code"),
-                                                 data=e["data"]) for e in sink.events])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(e["kind"], e["level"], e["message"], code=e["data"].get("code"), data=e["data"])
+            for e in sink.events
+        ],
+    )
     for a in sink.artifacts:
         path = Path(a["path"])
         repo.add_artifact(engine, r.id, a["kind"], path.as_uri(), size=path.stat().st_size, meta=a["meta"])
@@ -87,8 +98,23 @@ def test_per_class_table_csv_gallery_and_histograms(page, trained):
 
 def test_a_run_that_stored_only_the_matrix_gets_its_scores_from_it(page, engine):
     r = seed_run(engine, "old", epochs=1)
-    repo.append_events(engine, r.id, [EventInput("evaluation", "info", "epoch 1", data={
-        "epoch": 1, "confusion": [[5, 1], [0, 6]], "per_class_acc": [0.83, 1.0], "class_names": ["*cat*", "dog"]})])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 1",
+                data={
+                    "epoch": 1,
+                    "confusion": [[5, 1], [0, 6]],
+                    "per_class_acc": [0.83, 1.0],
+                    "class_names": ["*cat*", "dog"],
+                },
+            )
+        ],
+    )
     at = _details(page, r)
     table = next(d.value for d in at.dataframe if "precision" in d.value.columns)
     assert list(table["class"]) == ["*cat*", "dog"]  # the name as text

@@ -27,8 +27,14 @@ def team(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def claims(email: str) -> dict:
     """A signed-in person as the provider's ID token describes them (a stable subject, a verified e-mail)."""
-    return {"is_logged_in": True, "iss": ISS, "sub": f"id-{email}", "email": email, "email_verified": True,
-            "name": email.split("@")[0].title()}
+    return {
+        "is_logged_in": True,
+        "iss": ISS,
+        "sub": f"id-{email}",
+        "email": email,
+        "email_verified": True,
+        "name": email.split("@")[0].title(),
+    }
 
 
 def user(email: str) -> auth.User:
@@ -89,8 +95,11 @@ def test_an_earlier_export_stays_listed_with_its_link(page, engine, home):
         path = home / "artifacts" / "runs" / r.id / "exports" / token / "model.onnx"
         path.parent.mkdir(parents=True)
         path.write_bytes(data)
-        ids.append(repo.add_artifact(engine, r.id, "onnx", path.as_uri(), size=len(data),
-                                     sha256=hashlib.sha256(data).hexdigest()).id)
+        ids.append(
+            repo.add_artifact(
+                engine, r.id, "onnx", path.as_uri(), size=len(data), sha256=hashlib.sha256(data).hexdigest()
+            ).id
+        )
     at = page("run.py", id=r.id)
     at.session_state["run.tab"] = "Artifacts"
     at.run()

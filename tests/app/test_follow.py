@@ -15,8 +15,11 @@ def _toasts(at) -> list[str]:
 
 def _followed_links(at) -> list[tuple[str, str]]:
     """The followed runs the sidebar lists: (label, query string) of its links to runs."""
-    return [(el.proto.label, el.proto.query_string) for el in at.sidebar.get("page_link")
-            if el.proto.query_string.startswith("id=")]
+    return [
+        (el.proto.label, el.proto.query_string)
+        for el in at.sidebar.get("page_link")
+        if el.proto.query_string.startswith("id=")
+    ]
 
 
 def test_a_followed_run_that_ends_is_told_once_on_any_page(page, engine):
@@ -97,8 +100,13 @@ def test_following_goes_through_the_service_and_a_run_deleted_meanwhile_is_said_
     calls = []
     for name in ("follow", "unfollow"):
         real = getattr(services, name)
-        monkeypatch.setattr(services, name, lambda run_id, engine=None, *, by, _real=real, _name=name:
-                            calls.append((_name, run_id, by.id)) or _real(run_id, engine, by=by))
+        monkeypatch.setattr(
+            services,
+            name,
+            lambda run_id, engine=None, *, by, _real=real, _name=name: (
+                calls.append((_name, run_id, by.id)) or _real(run_id, engine, by=by)
+            ),
+        )
     at = page("run.py", id=r.id)
     at.button(key="run.follow").click().run()
     at.button(key="run.follow").click().run()

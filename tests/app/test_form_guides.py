@@ -6,8 +6,9 @@ matter wait, with their values, under "Not used", and stay in the spec that is v
 from __future__ import annotations
 
 import pytest
+
 from app.present import form_rules
-from app.present.form_schema import FIELDS, FIELD_PATHS
+from app.present.form_schema import FIELD_PATHS, FIELDS
 from db import repo
 
 MAIN, ADVANCED, UNUSED = "in its section", "under Advanced", "under Not used"
@@ -113,8 +114,15 @@ def test_transfer_controls_appear_only_for_models_with_pretrained_weights(page):
 
 def test_each_section_keeps_its_rarely_changed_fields_under_advanced(page):
     at = page("new_run.py")
-    for path in ("loader.num_workers", "loader.pin_memory", "loader.device_cache_mb", "checkpoint.save_last",
-                 "deterministic", "compile", "train.detect_anomaly"):
+    for path in (
+        "loader.num_workers",
+        "loader.pin_memory",
+        "loader.device_cache_mb",
+        "checkpoint.save_last",
+        "deterministic",
+        "compile",
+        "train.detect_anomaly",
+    ):
         assert where(at, path) == ADVANCED, path
     for path in ("train.epochs", "optim.lr", "device", "train.log_every", "export.formats"):
         assert where(at, path) == MAIN, path

@@ -43,19 +43,24 @@ def test_each_page_is_defined_once_and_every_link_opens_it(page, engine):
     files = sorted(p.name for p in (ROOT / "app" / "app_pages").glob("*.py"))
     assert sorted(p.path.rsplit("/", 1)[1] for p in frame.PAGES) == files
     for name in files:
-        written = [str(f.relative_to(ROOT)) for f in (ROOT / "app").rglob("*.py")
-                   for _ in re.finditer(rf"app_pages/{re.escape(name)}\b", f.read_text())]
+        written = [
+            str(f.relative_to(ROOT))
+            for f in (ROOT / "app").rglob("*.py")
+            for _ in re.finditer(rf"app_pages/{re.escape(name)}\b", f.read_text())
+        ]
         assert written == ["app/ui/frame.py"], (name, written)
     assert [p.title for p in frame.PAGES if p.hidden] == ["Artifact"]
     at = page("runs.py")
     for p in frame.PAGES:
         at.switch_page(p.path)
         assert not at.run().exception, p.path
-    code = ("import sys, runpy; sys.argv=['x'];"
-            "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.compare_view,"
-            " app.ui.frame, app.services.jobs, app.services.datasets, app.services.runs, app.present.figures,"
-            " app.present.form_schema;"
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, runpy; sys.argv=['x'];"
+        "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.compare_view,"
+        " app.ui.frame, app.services.jobs, app.services.datasets, app.services.runs, app.present.figures,"
+        " app.present.form_schema;"
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, "torch was imported by the dashboard: " + r.stderr[-2000:]
 
@@ -75,14 +80,17 @@ def test_form_covers_every_leaf_of_the_schema_in_a_named_group():
     assert schema.group_of("train.precision") == "Precision & stability"
 
 
-@pytest.mark.parametrize("loc, message, field", [
-    ("optim.lr", "Input should be greater than 0", "optim.lr"),
-    ("optim.betas.1", "Input should be less than 1", "optim.betas"),
-    ("data", "data.path is required for imagefolder: ...", "data.path"),
-    ("model", "model.transfer=feature_extract freezes layers ...", "model.transfer"),
-    ("(root)", "train.precision=fp16 needs a CUDA device", "train.precision"),
-    ("(root)", "something about nothing", None),
-])
+@pytest.mark.parametrize(
+    "loc, message, field",
+    [
+        ("optim.lr", "Input should be greater than 0", "optim.lr"),
+        ("optim.betas.1", "Input should be less than 1", "optim.betas"),
+        ("data", "data.path is required for imagefolder: ...", "data.path"),
+        ("model", "model.transfer=feature_extract freezes layers ...", "model.transfer"),
+        ("(root)", "train.precision=fp16 needs a CUDA device", "train.precision"),
+        ("(root)", "something about nothing", None),
+    ],
+)
 def test_errors_are_placed_beside_the_field_they_concern(loc, message, field):
     assert schema.field_for_error(loc, message) == field
 

@@ -33,8 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 REBIND = "rebind.attacker.example"
 ALIAS = "workstation.lab.internal"  # another name of this machine, listed in TORCHDECK_ALLOWED_HOSTS
 SECRET = "a-long-random-cookie-secret-for-front-door-tests"
-ANA = {"iss": ISSUER, "sub": "ana", "name": "Ana", "email": "ana@example.com",
-       "email_verified": True}
+ANA = {"iss": ISSUER, "sub": "ana", "name": "Ana", "email": "ana@example.com", "email_verified": True}
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +50,30 @@ def _static_asset(port: int) -> str:
 
 def test_local_mode_refuses_another_sites_name_on_every_route(local):
     port = local["port"]
-    paths = ["/", "/run?id=" + local["run"], _static_asset(port), "/_stcore/health", "/_stcore/host-config",
-             "/_torchdeck/live"]
+    paths = [
+        "/",
+        "/run?id=" + local["run"],
+        _static_asset(port),
+        "/_stcore/health",
+        "/_stcore/host-config",
+        "/_torchdeck/live",
+    ]
     for path in paths:
         refused = get(port, path, {"Host": f"{REBIND}:{port}"})
         assert refused.status == 403, path
         assert "TORCHDECK_ALLOWED_HOSTS" in refused.text and "<" not in refused.text, path  # plain text
         refused = get(port, path, {"Origin": f"http://{REBIND}:{port}"})  # this machine's Host, a foreign page
         assert refused.status == 403 and "TORCHDECK_ALLOWED_HOSTS" in refused.text, path
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"dash.localhost:{port}", "127.0.0.2", f"[::1]:{port}",
-                 f"{ALIAS}:{port}", ALIAS.upper(), "other.example"):
+    for host in (
+        f"127.0.0.1:{port}",
+        f"localhost:{port}",
+        f"dash.localhost:{port}",
+        "127.0.0.2",
+        f"[::1]:{port}",
+        f"{ALIAS}:{port}",
+        ALIAS.upper(),
+        "other.example",
+    ):
         assert get(port, "/", {"Host": host}).status == 200, host
         assert get(port, "/_stcore/health", {"Host": host, "Origin": f"http://{host}"}).status == 200, host
 
@@ -84,23 +97,32 @@ def test_local_mode_refuses_a_websocket_from_a_rebound_name_and_serves_this_mach
 
 def test_local_mode_refuses_requests_through_a_proxy_on_every_route(local):
     port = local["port"]
-    for headers in ({"X-Forwarded-For": "203.0.113.7"}, {"Forwarded": "for=203.0.113.7"}, {"X-Real-IP": "203.0.113.7"},
-                    {"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=203.0.113.7", "Host": f"{REBIND}:{port}"}):
+    for headers in (
+        {"X-Forwarded-For": "203.0.113.7"},
+        {"Forwarded": "for=203.0.113.7"},
+        {"X-Real-IP": "203.0.113.7"},
+        {"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=203.0.113.7", "Host": f"{REBIND}:{port}"},
+    ):
         for path in ("/", "/_stcore/health", "/_torchdeck/live"):
             refused = get(port, path, headers)
             assert refused.status == 403 and "local mode" in refused.text, (path, headers)
     with pytest.raises(InvalidStatus) as ws_refused:
         from websockets.sync.client import connect
 
-        with connect(f"ws://127.0.0.1:{port}/_stcore/stream", subprotocols=["streamlit"], open_timeout=60,
-                     additional_headers={"X-Forwarded-For": "203.0.113.7"}):
+        with connect(
+            f"ws://127.0.0.1:{port}/_stcore/stream",
+            subprotocols=["streamlit"],
+            open_timeout=60,
+            additional_headers={"X-Forwarded-For": "203.0.113.7"},
+        ):
             pass
     assert ws_refused.value.response.status_code == 403
 
 
 def _framing_refused(answer) -> bool:
-    return (answer.headers.get("x-frame-options") == "SAMEORIGIN"
-            and "frame-ancestors 'self'" in answer.headers.get("content-security-policy", ""))
+    return answer.headers.get("x-frame-options") == "SAMEORIGIN" and "frame-ancestors 'self'" in answer.headers.get(
+        "content-security-policy", ""
+    )
 
 
 def test_no_other_site_may_frame_the_local_dashboard(local):
@@ -113,7 +135,11 @@ def test_no_other_site_may_frame_the_local_dashboard(local):
 @pytest.fixture(scope="module")
 def team_misconfigured() -> Iterator[dict]:
     """Team mode with a typo in a setting the pages read: every signed-in page fails with an uncaught error."""
-    with serve_ui("torchdeck-door-team-", running_run, **team_env(SECRET), TORCHDECK_SESSION_MAX_AGE_H="twelve") as (url, _, run):
+    with serve_ui("torchdeck-door-team-", running_run, **team_env(SECRET), TORCHDECK_SESSION_MAX_AGE_H="twelve") as (
+        url,
+        _,
+        run,
+    ):
         yield {"port": port_of(url), "run": run}
 
 
@@ -143,8 +169,10 @@ def test_host_and_origin_parsing():
     assert http_guard.origin_name("http://127.0.0.1:8501") == "127.0.0.1"
     assert http_guard.origin_name("null") is None and http_guard.origin_name("file://x") is None
     assert all(http_guard.is_loopback_name(n) for n in ("localhost", "a.b.localhost", "127.0.0.1", "127.9.8.7", "::1"))
-    assert not any(http_guard.is_loopback_name(n) for n in ("localhost.evil.example", "10.0.0.1", "0.0.0.0",
-                                                            "evil-localhost", "128.0.0.1"))
+    assert not any(
+        http_guard.is_loopback_name(n)
+        for n in ("localhost.evil.example", "10.0.0.1", "0.0.0.0", "evil-localhost", "128.0.0.1")
+    )
 
 
 def test_host_refusal_rules(monkeypatch):

@@ -102,8 +102,9 @@ def test_images_up_to_the_limit_are_accepted(engine, home):
 def test_the_datasets_page_shows_the_refusal(page, png_12000):
     at = page("datasets.py")
     at.text_input(key="ds.name").input("huge")
-    at.file_uploader(key="ds.file").upload("huge.zip", _zip({**_good(), "pets/cat/big.png": png_12000}).getvalue(),
-                                           "application/zip")
+    at.file_uploader(key="ds.file").upload(
+        "huge.zip", _zip({**_good(), "pets/cat/big.png": png_12000}).getvalue(), "application/zip"
+    )
     next(b for b in at.button if b.label == "Upload and check").click()
     at.run()
     assert not at.exception
@@ -123,8 +124,25 @@ def test_an_evaluation_of_many_classes_shows_the_most_confused_pairs(page, engin
     r = seed_run(engine, "imagenet-ish", epochs=1)
     names = [f"class_{i:02d}" for i in range(60)]
     pairs = [["class_03", "class_07", 9], ["class_10", "class_11", 4], ["class_59", "class_00", 1]]
-    repo.append_events(engine, r.id, [EventInput("evaluation", "info", "epoch 1: val/acc 0.7", code="evaluation", data={
-        "code": "evaluation", "epoch": 1, "per_class_acc": [0.7] * 60, "class_names": names, "top_confusions": pairs})])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 1: val/acc 0.7",
+                code="evaluation",
+                data={
+                    "code": "evaluation",
+                    "epoch": 1,
+                    "per_class_acc": [0.7] * 60,
+                    "class_names": names,
+                    "top_confusions": pairs,
+                },
+            )
+        ],
+    )
     at = _tab(page("run.py", id=r.id), "Diagnosis & evaluation")
     assert not at.exception
     table = next(d.value for d in at.dataframe if list(d.value.columns) == ["true", "predicted", "count"])
@@ -145,15 +163,34 @@ def _held(run_id: str, at) -> EventLog:
 def test_the_event_log_keeps_what_it_shows_and_shows_the_newest_of_thousands(page, engine):
     r = seed_run(engine, "chatty", epochs=1)
     confusion = [[5, 1, 0], [0, 6, 0], [1, 0, 4]]
-    repo.append_events(engine, r.id, [
-        EventInput("diagnosis", "warning", "early finding: the loss plateaued", code="loss_plateau",
-                   data={"code": "loss_plateau", "advice": "Lower the learning rate."}),
-        EventInput("evaluation", "info", "epoch 1", code="evaluation",
-                   data={"code": "evaluation", "epoch": 1, "confusion": confusion, "per_class_acc": [0.8, 1.0, 0.8],
-                         "class_names": ["a", "b", "c"]}),
-        *[EventInput("lifecycle", "info", f"step {i}", code="tick") for i in range(2600)],
-        EventInput("lifecycle", "info", "the newest event", code="newest"),
-    ])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(
+                "diagnosis",
+                "warning",
+                "early finding: the loss plateaued",
+                code="loss_plateau",
+                data={"code": "loss_plateau", "advice": "Lower the learning rate."},
+            ),
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 1",
+                code="evaluation",
+                data={
+                    "code": "evaluation",
+                    "epoch": 1,
+                    "confusion": confusion,
+                    "per_class_acc": [0.8, 1.0, 0.8],
+                    "class_names": ["a", "b", "c"],
+                },
+            ),
+            *[EventInput("lifecycle", "info", f"step {i}", code="tick") for i in range(2600)],
+            EventInput("lifecycle", "info", "the newest event", code="newest"),
+        ],
+    )
     at = _tab(page("run.py", id=r.id), "Diagnosis & evaluation")
     assert not at.exception
     cap = EventLog.RECENT + EventLog.FINDINGS + 1
@@ -167,12 +204,26 @@ def test_the_event_log_keeps_what_it_shows_and_shows_the_newest_of_thousands(pag
     assert plotly_figures(at)["Confusion matrix (validation)"]["data"][0]["text"] == confusion
 
     later = [[6, 0, 0], [0, 6, 0], [0, 0, 5]]
-    repo.append_events(engine, r.id, [
-        *[EventInput("lifecycle", "info", f"later {i}", code="tick") for i in range(10)],
-        EventInput("evaluation", "info", "epoch 2", code="evaluation",
-                   data={"code": "evaluation", "epoch": 2, "confusion": later, "per_class_acc": [1.0, 1.0, 1.0],
-                         "class_names": ["a", "b", "c"]}),
-    ])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            *[EventInput("lifecycle", "info", f"later {i}", code="tick") for i in range(10)],
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 2",
+                code="evaluation",
+                data={
+                    "code": "evaluation",
+                    "epoch": 2,
+                    "confusion": later,
+                    "per_class_acc": [1.0, 1.0, 1.0],
+                    "class_names": ["a", "b", "c"],
+                },
+            ),
+        ],
+    )
     at.run()
     log = next(d.value for d in at.dataframe if "message" in d.value.columns)
     assert log.iloc[0]["message"] == "epoch 2" and len(log) <= cap
@@ -184,8 +235,11 @@ def test_the_event_log_keeps_what_it_shows_and_shows_the_newest_of_thousands(pag
 
 def test_findings_are_kept_up_to_their_cap(page, engine):
     r = seed_run(engine, "many-findings", epochs=1)
-    repo.append_events(engine, r.id, [
-        EventInput("diagnosis", "warning", f"finding {i}", code=f"f{i}", data={"code": f"f{i}"}) for i in range(300)])
+    repo.append_events(
+        engine,
+        r.id,
+        [EventInput("diagnosis", "warning", f"finding {i}", code=f"f{i}", data={"code": f"f{i}"}) for i in range(300)],
+    )
     at = _tab(page("run.py", id=r.id), "Diagnosis & evaluation")
     assert not at.exception
     held = _held(r.id, at)

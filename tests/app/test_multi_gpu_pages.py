@@ -72,7 +72,9 @@ def test_the_run_page_and_the_overview_say_no_worker_can_take_a_queued_four_gpu_
     r = seed_run(engine, "ddp-4", status="queued", spec={"train": {"batch_size": 128}, "resources": {"gpus": 4}})
     at = page("run.py", id=r.id)
     assert not at.exception
-    assert any(NO_FOUR.lower() in w.value.lower() and START_FOUR in w.value for w in at.warning)  # a sentence: capitalised
+    assert any(
+        NO_FOUR.lower() in w.value.lower() and START_FOUR in w.value for w in at.warning
+    )  # a sentence: capitalised
     import streamlit as st
 
     st.cache_data.clear()
@@ -94,15 +96,30 @@ def test_the_workers_page_shows_a_multi_gpu_worker_and_what_it_takes(page, engin
 
 
 def test_the_run_page_shows_batch_per_rank_and_total_and_the_learning_rate(page, engine):
-    r = seed_run(engine, "ddp-run", status="running", lr=0.1,
-                 spec={"train": {"epochs": 3, "batch_size": 128}, "resources": {"gpus": 4}})
+    r = seed_run(
+        engine,
+        "ddp-run",
+        status="running",
+        lr=0.1,
+        spec={"train": {"epochs": 3, "batch_size": 128}, "resources": {"gpus": 4}},
+    )
     at = page("run.py", id=r.id)
     assert not at.exception
     line = next(shown(c.value).text for c in at.caption if "Processes:" in c.value)
     assert "4 processes on 4 GPUs: batch 32 per rank × 4 = 128 in total · learning rate 0.1" in line
     assert "from the spec" in line
-    repo.append_events(engine, r.id, [EventInput("distributed", "info", "4 ranks up (nccl)", data={
-        "world_size": 4, "per_rank_batch": 32, "global_batch": 128, "lr": 0.4})])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(
+                "distributed",
+                "info",
+                "4 ranks up (nccl)",
+                data={"world_size": 4, "per_rank_batch": 32, "global_batch": 128, "lr": 0.4},
+            )
+        ],
+    )
     at = page("run.py", id=r.id)
     line = next(shown(c.value).text for c in at.caption if "Processes:" in c.value)
     assert "batch 32 per rank × 4 = 128 in total · learning rate 0.4 (optim.lr 0.1)" in line
@@ -115,8 +132,11 @@ def test_the_run_page_shows_batch_per_rank_and_total_and_the_learning_rate(page,
 def test_torchdeck_submit_stores_and_queues_a_four_gpu_run_and_warns_of_the_gap(engine, broker, tmp_path):
     _worker(engine, "gpu0@box/1-aa", ["gpu"])
     spec = tmp_path / "ddp.yaml"
-    spec.write_text(yaml.safe_dump({"name": "ddp", "data": {"name": "digits"}, "train": {"batch_size": 128},
-                                    "resources": {"gpus": 4}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {"name": "ddp", "data": {"name": "digits"}, "train": {"batch_size": 128}, "resources": {"gpus": 4}}
+        )
+    )
     done = CliRunner().invoke(cli, ["submit", str(spec)])
     assert done.exit_code == 0, done.output
     assert "queued on 'gpu-x4'" in done.output

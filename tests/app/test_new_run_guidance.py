@@ -44,8 +44,14 @@ def test_a_built_in_dataset_in_the_address_is_chosen(page, name):
 
 
 def test_an_uploaded_dataset_in_the_address_is_chosen_and_an_unknown_one_is_said(page, engine, home):
-    repo.create_dataset(engine, "pets <b>", str(home / "datasets" / "pets"), classes=["cat", "dog"],
-                        counts={"cat": 1, "dog": 1}, status="ready")
+    repo.create_dataset(
+        engine,
+        "pets <b>",
+        str(home / "datasets" / "pets"),
+        classes=["cat", "dog"],
+        counts={"cat": 1, "dog": 1},
+        status="ready",
+    )
     at = page("new_run.py", dataset="pets <b>")
     assert at.selectbox(key="nr.dataset").value == "pets <b>"
     at = page("new_run.py", dataset="nowhere")

@@ -31,8 +31,16 @@ def test_every_schema_field_has_a_widget_with_its_default_and_help(page):
         if f.kind in ("int", "float", "bool", "choice"):
             assert w.value == f.default, f.path
     titles = [m.value for m in at.markdown]
-    for group in ("Data", "Model & transfer learning", "Optimization", "Schedule", "Precision & stability",
-                  "Early stopping", "Checkpoints & export", "Resources"):
+    for group in (
+        "Data",
+        "Model & transfer learning",
+        "Optimization",
+        "Schedule",
+        "Precision & stability",
+        "Early stopping",
+        "Checkpoints & export",
+        "Resources",
+    ):
         assert f"**{group}**" in titles
 
 

@@ -145,8 +145,9 @@ def test_a_sweep_yaml_fills_the_form_and_launches_as_written(page, engine):
     _click(at, "Launch sweep")
     stored = control.spec_of(repo.list_sweeps(engine)[0])
     wanted = yaml.safe_load(SWEEP_YAML)
-    assert {p: v.model_dump(mode="json", by_alias=True, exclude_none=True) for p, v in stored.space.items()} == \
-        wanted["space"]
+    assert {p: v.model_dump(mode="json", by_alias=True, exclude_none=True) for p, v in stored.space.items()} == wanted[
+        "space"
+    ]
     assert (stored.method, stored.budget.trials, stored.budget.parallel, stored.seeds) == ("random", 5, 2, 2)
     assert (stored.pruner.kind, stored.pruner.reduction_factor, stored.base.model.name) == ("asha", 2, "mlp")
 
@@ -174,8 +175,10 @@ def test_a_random_sweeps_stepped_range_fills_the_form_as_its_range_not_its_value
     at = _click(at, "Fill the form from the pasted sweep")
     assert not at.exception
     assert at.text_input(key="nr.sw.r.optim.momentum.values").value == ""
-    assert (at.number_input(key="nr.sw.r.optim.momentum.low").value,
-            at.number_input(key="nr.sw.r.optim.momentum.high").value) == (0.0, pytest.approx(0.9))
+    assert (
+        at.number_input(key="nr.sw.r.optim.momentum.low").value,
+        at.number_input(key="nr.sw.r.optim.momentum.high").value,
+    ) == (0.0, pytest.approx(0.9))
     assert any("90,001 values, more than the form lists" in w.value for w in at.warning)
     at.text_area(key="nr.sw.paste").input(STEPPED.format(step="0.3", method="tpe"))  # a few values: listed
     at = _click(at, "Fill the form from the pasted sweep")

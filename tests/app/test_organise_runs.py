@@ -62,7 +62,9 @@ def test_a_refused_edit_says_why_and_changes_nothing(page, engine):
     at.text_input(key=f"run.tags.{r.id}").input("ok, " + "t" * 65)
     at.text_area(key=f"run.notes.{r.id}").input("new notes")
     at = _click(at, "Save")
-    assert [_plain(e.value) for e in at.error] == ["Tags and notes not saved: tag is 65 characters long; the limit is 64"]
+    assert [_plain(e.value) for e in at.error] == [
+        "Tags and notes not saved: tag is 65 characters long; the limit is 64"
+    ]
     stored = repo.get_run(engine, r.id)
     assert stored.tags == ("keep",) and stored.notes == ""  # neither was written
     assert at.text_area(key=f"run.notes.{r.id}").proto.max_chars == 10_000  # the form stops at the limit…
@@ -74,8 +76,9 @@ def test_a_save_that_fails_half_way_changes_neither_tags_nor_notes(page, engine)
     """Tags and notes are written in one transaction: the database refusing the notes leaves the tags too."""
     r = seed_run(engine, "base", tags=("keep",))
     with engine.begin() as conn:  # the notes' write fails at the database, after the tags' would have been written
-        conn.exec_driver_sql("CREATE TRIGGER no_notes BEFORE UPDATE OF notes ON run "
-                             "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER no_notes BEFORE UPDATE OF notes ON run BEGIN SELECT RAISE(ABORT, 'the disk is full'); END"
+        )
     at = page("run.py", id=r.id)
     at.text_input(key=f"run.tags.{r.id}").input("new-tag")
     at.text_area(key=f"run.notes.{r.id}").input("new notes")
@@ -130,8 +133,7 @@ def test_an_unreadable_filter_says_where_and_is_not_applied(page, engine):
     at = page("runs.py", q="val/acc => 0.9")
     assert not at.exception
     error = next(e.value for e in at.error if "Filter not applied" in e.value)
-    assert _plain(error) == ("Filter not applied: unknown operator '=>' at position 9; "
-                             "use one of > >= < <= == !=")
+    assert _plain(error) == ("Filter not applied: unknown operator '=>' at position 9; use one of > >= < <= == !=")
     assert len(_table(at)) == 2  # the table stays, unfiltered
     at.text_input(key="runs.q").input("optim.lrr < 1").run()
     assert any("did you mean optim.lr" in e.value for e in at.error)

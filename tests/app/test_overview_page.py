@@ -37,11 +37,15 @@ def _open(page):
 
 def test_running_runs_show_owner_progress_objective_curves_and_a_warning(page, engine):
     repo.upsert_account(engine, "iss#ana", "Ana", "ana@example.org")
-    a = seed_run(engine, "resnet-a", status="running", steps=300, epochs=3, owner="iss#ana",
-                 spec={"train": ACC}, val_acc=0.9)
+    a = seed_run(
+        engine, "resnet-a", status="running", steps=300, epochs=3, owner="iss#ana", spec={"train": ACC}, val_acc=0.9
+    )
     b = seed_run(engine, "vgg-b", status="running", steps=20, epochs=1, owner="bo")
-    repo.append_events(engine, b.id, [EventInput("diagnosis", "warning", "validation loss rises while training "
-                                                 "loss falls", code="overfitting")])
+    repo.append_events(
+        engine,
+        b.id,
+        [EventInput("diagnosis", "warning", "validation loss rises while training loss falls", code="overfitting")],
+    )
     at = _open(page)
     assert not at.exception
     assert at.title[0].value == "Overview"
@@ -67,7 +71,11 @@ def test_queued_runs_show_their_position_and_who_can_take_them(page, engine):
     seed_run(engine, "cpu-1", status="queued", spec={"device": "cpu"})
     at = _open(page)
     queued = _table(at, {"gpu-1", "gpu-2", "cpu-1"}).set_index("run")
-    assert (queued.loc["gpu-1", "position"], queued.loc["gpu-2", "position"], queued.loc["cpu-1", "position"]) == (1, 2, 1)
+    assert (queued.loc["gpu-1", "position"], queued.loc["gpu-2", "position"], queued.loc["cpu-1", "position"]) == (
+        1,
+        2,
+        1,
+    )
     assert queued.loc["gpu-2", "who can take it"] == "no live worker serves the 'gpu' queue"
     assert queued.loc["cpu-1", "queue"] == "cpu"
     assert any("No live worker serves the 'gpu' queue" in w.value for w in at.warning)
@@ -164,10 +172,18 @@ def test_a_run_without_a_validation_point_yet_shows_a_dash_not_none(page, engine
 
 
 def test_a_train_loss_objective_reads_its_per_epoch_value_not_the_per_step_series(page, engine):
-    r = seed_run(engine, "by-train-loss", status="running", spec={"train": {"epochs": 3, "early_stopping": {
-        "monitor": "train/loss"}}})
-    repo.append_metrics(engine, r.id, [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
-                        + [MetricPoint("train/epoch_loss", 3, 2.0, 1), MetricPoint("train/epoch_loss", 6, 1.5, 2)])
+    r = seed_run(
+        engine,
+        "by-train-loss",
+        status="running",
+        spec={"train": {"epochs": 3, "early_stopping": {"monitor": "train/loss"}}},
+    )
+    repo.append_metrics(
+        engine,
+        r.id,
+        [MetricPoint("train/loss", s, v, 1) for s, v in ((1, 9.0), (2, 0.01), (3, 5.0))]
+        + [MetricPoint("train/epoch_loss", 3, 2.0, 1), MetricPoint("train/epoch_loss", 6, 1.5, 2)],
+    )
     row = _table(_open(page), {"by-train-loss"}).set_index("run").loc["by-train-loss"]
     assert row["objective"] == "train/loss"
     assert row["value"] == pytest.approx(1.5) and row["best"] == pytest.approx(1.5)  # epochs' means, not 5.0 / 0.01

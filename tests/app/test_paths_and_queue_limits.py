@@ -35,7 +35,7 @@ def test_a_run_reading_outside_the_allowed_folders_is_refused_before_it_is_store
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     with pytest.raises(SpecError) as refused:
         submit(imagefolder("/"), engine=engine)
-    (field, message), = refused.value.errors
+    ((field, message),) = refused.value.errors
     assert field == "data.path" and str(home) in message and "TORCHDECK_PATH_ROOTS" in message
     assert not any(f" {entry}" in message or f"/{entry}," in message for entry in ("proc", "usr", "bin", "etc"))
     assert repo.list_runs(engine).total == 0  # nothing stored, nothing queued
@@ -49,8 +49,9 @@ def test_a_run_reading_outside_the_allowed_folders_is_refused_before_it_is_store
         submit(imagefolder(home / ".." / ".." / "etc"), engine=engine)
 
 
-def test_local_mode_reads_the_data_folder_the_current_folder_and_the_configured_roots(engine, home, tmp_path_factory,
-                                                                                      monkeypatch):
+def test_local_mode_reads_the_data_folder_the_current_folder_and_the_configured_roots(
+    engine, home, tmp_path_factory, monkeypatch
+):
     elsewhere = tmp_path_factory.mktemp("shared-data")
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     art = artifact_root()
@@ -67,17 +68,25 @@ def test_team_mode_reads_uploaded_datasets_and_checkpoints_only(team, engine, ho
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     art = artifact_root()
     uploaded = home / "datasets" / "pets"
-    repo.create_dataset(engine, "pets", str(uploaded), classes=["cat", "dog"], counts={"cat": 1, "dog": 1},
-                        status="ready", owner="someone")
+    repo.create_dataset(
+        engine,
+        "pets",
+        str(uploaded),
+        classes=["cat", "dog"],
+        counts={"cat": 1, "dog": 1},
+        status="ready",
+        owner="someone",
+    )
     assert paths.path_problems(imagefolder(uploaded), engine, art) == []
     # In team mode the data folder itself is no longer open: it holds the database and the sign-in secrets.
     for other in (home / "datasets", home / "auth", Path.cwd()):
-        (field, message), = paths.path_problems(imagefolder(other), engine, art)
+        ((field, message),) = paths.path_problems(imagefolder(other), engine, art)
         assert field == "data.path" and "uploaded dataset" in message
     checkpoint = art / "runs" / "abc" / "checkpoints" / "best.pt"
     assert paths.path_problems(digits(weights_file=str(checkpoint)), engine, art) == []
-    assert [f for f, _ in paths.path_problems(digits(weights_file=str(home / "torchdeck.db")), engine, art)] \
-        == ["model.weights_file"]
+    assert [f for f, _ in paths.path_problems(digits(weights_file=str(home / "torchdeck.db")), engine, art)] == [
+        "model.weights_file"
+    ]
 
 
 def test_a_preflight_reading_outside_is_refused_without_sending_anything(engine, home, broker, monkeypatch):
@@ -132,7 +141,9 @@ def test_cli_submissions_say_whose_they_are_and_respect_the_limits(team, engine,
     assert refused.exit_code == 1 and "allows 1 per person" in refused.output
     named = CliRunner().invoke(app, ["submit", str(spec_file), "--owner", "ana"])
     assert named.exit_code == 0 and repo.list_runs(engine, owner="ana").total == 1
-    outside = CliRunner().invoke(app, ["submit", str(spec_file), "--owner", "ana2", "--set", "model.weights_file=/etc/passwd"])
+    outside = CliRunner().invoke(
+        app, ["submit", str(spec_file), "--owner", "ana2", "--set", "model.weights_file=/etc/passwd"]
+    )
     assert outside.exit_code == 1 and "model.weights_file" in outside.output
 
 
@@ -147,8 +158,9 @@ def test_an_uploaded_dataset_is_never_a_download_folder(team, engine, home, monk
     """A torchvision dataset with download=true pointed at someone's uploaded folder would write into it."""
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     uploaded = home / "datasets" / "pets"
-    repo.create_dataset(engine, "pets", str(uploaded), classes=["cat", "dog"], counts={"cat": 1, "dog": 1},
-                        status="ready", owner="ana")
+    repo.create_dataset(
+        engine, "pets", str(uploaded), classes=["cat", "dog"], counts={"cat": 1, "dog": 1}, status="ready", owner="ana"
+    )
     spec = RunSpec.from_dict({"data": {"name": "mnist", "path": str(uploaded), "download": True}})
     assert [f for f, _ in paths.path_problems(spec, engine, artifact_root())] == ["data.path"]
 
@@ -158,8 +170,15 @@ def test_team_mode_refuses_a_sweep_whose_runs_in_flight_exceed_the_limit(team, e
     from sweep.spec import SweepSpec
 
     monkeypatch.setenv(MAX_QUEUED_ENV, "4")
-    spec = SweepSpec.model_validate({"base": digits().model_dump(mode="json"), "seeds": 3, "budget": {"parallel": 2},
-                                     "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001]}}, "method": "grid"})
+    spec = SweepSpec.model_validate(
+        {
+            "base": digits().model_dump(mode="json"),
+            "seeds": 3,
+            "budget": {"parallel": 2},
+            "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001]}},
+            "method": "grid",
+        }
+    )
     with pytest.raises(ValueError, match="budget.parallel × seeds = 6 runs in flight"):
         sweeps.submit_sweep(spec, owner="ana", engine=engine)
     assert repo.list_sweeps(engine) == [] and broker.llen(spec.base.resource) == 0
@@ -178,17 +197,22 @@ def test_what_an_upload_may_do_follows_the_catalogs_dataset_kind_not_a_name(team
     monkeypatch.delenv(paths.ROOTS_ENV, raising=False)
     uploaded, other = home / "datasets" / "pets", home / "datasets" / "cars"
     for name, folder in (("pets", uploaded), ("cars", other)):
-        repo.create_dataset(engine, name, str(folder), classes=["a", "b"], counts={"a": 1, "b": 1}, status="ready",
-                            owner="someone")
+        repo.create_dataset(
+            engine, name, str(folder), classes=["a", "b"], counts={"a": 1, "b": 1}, status="ready", owner="someone"
+        )
     as_folder = RunSpec.from_dict({"data": {"name": "digits", "path": str(uploaded)}})
     assert paths.path_problems(as_folder, engine, artifact_root()) == []
     for folder in (uploaded, other):
-        r = repo.create_run(engine, RunSpec.from_dict({"data": {"name": "digits", "path": str(folder)}})
-                            .model_dump(mode="json"), name=folder.name)
+        r = repo.create_run(
+            engine,
+            RunSpec.from_dict({"data": {"name": "digits", "path": str(folder)}}).model_dump(mode="json"),
+            name=folder.name,
+        )
         repo.claim_run(engine, r.id, "w1")
         repo.finish_run(engine, r.id, "completed", summary={})
-    similar = new_run_hints.similar_runs(engine, {"data.name": "digits", "model.name": as_folder.model.name,
-                                                  "data.path": str(uploaded)})
+    similar = new_run_hints.similar_runs(
+        engine, {"data.name": "digits", "model.name": as_folder.model.name, "data.path": str(uploaded)}
+    )
     assert [r.name for r in similar] == ["pets"]  # the same folder only
     monkeypatch.delenv(auth.MODE_ENV)  # the New run page, in local mode (no sign-in)
     at = page("new_run.py", dataset="digits")

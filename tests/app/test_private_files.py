@@ -68,8 +68,14 @@ def test_the_sqlite_file_and_its_wal_files_are_private(fresh_home):
 
 
 def test_torchdeck_db_upgrade_in_a_new_folder_leaves_it_private(fresh_home):
-    done = subprocess.run([TORCHDECK, "db", "upgrade"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ}, cwd=fresh_home.parent.parent)
+    done = subprocess.run(
+        [TORCHDECK, "db", "upgrade"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+        cwd=fresh_home.parent.parent,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert mode(fresh_home) == 0o700 and mode(fresh_home / "torchdeck.db") == 0o600
 

@@ -23,7 +23,9 @@ def _worker(engine, worker_id: str, queues: list[str], *, age_s: float = 0.0) ->
     repo.upsert_worker(engine, worker_id, hostname="host-a", queues=queues, devices=[{"kind": "cpu", "cores": 2}])
     if age_s:
         with engine.begin() as c:
-            c.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=age_s)))
+            c.execute(
+                update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=age_s))
+            )
 
 
 def test_the_new_run_page_says_no_worker_serves_the_gpu_queue_and_how_to_fix_it(page, engine):
@@ -44,8 +46,10 @@ def test_the_run_page_of_a_queued_run_names_its_workers_or_says_there_are_none(p
     _worker(engine, "cpu@host-a/2-bb", ["cpu"], age_s=3600)  # gone an hour ago: does not count
     at = page("run.py", id=r.id)
     assert not at.exception
-    assert any("no live worker serves the 'cpu' queue" in w.value.lower() and "torchdeck worker --queues cpu"
-               in w.value for w in at.warning)
+    assert any(
+        "no live worker serves the 'cpu' queue" in w.value.lower() and "torchdeck worker --queues cpu" in w.value
+        for w in at.warning
+    )
     _worker(engine, "cpu@host-a/3-cc", ["cpu", "gpu"])
     at = page("run.py", id=r.id)
     assert any("served by 1 live worker(s): cpu@host-a/3-cc" in shown(i.value).text for i in at.info)

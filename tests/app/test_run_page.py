@@ -4,7 +4,6 @@ evaluation, events, artifacts with parity/latency, metrics CSV, cancel."""
 from __future__ import annotations
 
 import io
-import json
 
 import pandas as pd
 import pytest
@@ -132,8 +131,11 @@ def test_artifacts_with_parity_latency_downloads_and_export_form(page, engine, h
     export = home / "artifacts" / "runs" / r.id / "export"
     export.mkdir(parents=True)
     (export / "model.onnx").write_bytes(b"onnx-bytes")
-    meta = {"ok": True, "parity": {"max_abs_diff": 2e-6, "top1_agreement": 100.0, "passed": True},
-            "latency_ms": {"b1": 0.21, "b32": 1.4}}
+    meta = {
+        "ok": True,
+        "parity": {"max_abs_diff": 2e-6, "top1_agreement": 100.0, "passed": True},
+        "latency_ms": {"b1": 0.21, "b32": 1.4},
+    }
     repo.add_artifact(engine, r.id, "onnx", (export / "model.onnx").as_uri(), size=10, meta=meta)
     repo.add_artifact(engine, r.id, "checkpoint_best", "file:///etc/passwd", size=1)  # outside the data folders
     at = _tab(page("run.py", id=r.id), "Artifacts")

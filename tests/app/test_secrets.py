@@ -31,9 +31,15 @@ from tests._servers import start_redis
 ROOT = Path(__file__).resolve().parents[2]
 TORCHDECK = str(Path(sys.executable).parent / "torchdeck")
 SECRET = "s3cr3t-pw"
-TINY = {"name": "secret-test", "data": {"name": "synthetic", "num_classes": 3, "num_samples": 96, "size": 8, "channels": 1},
-        "model": {"name": "simple_cnn", "hidden": 16}, "train": {"epochs": 1, "batch_size": 16},
-        "export": {"formats": []}, "device": "cpu", "seed": 0}
+TINY = {
+    "name": "secret-test",
+    "data": {"name": "synthetic", "num_classes": 3, "num_samples": 96, "size": 8, "channels": 1},
+    "model": {"name": "simple_cnn", "hidden": 16},
+    "train": {"epochs": 1, "batch_size": 16},
+    "export": {"formats": []},
+    "device": "cpu",
+    "seed": 0,
+}
 
 
 def closed_port() -> int:
@@ -140,8 +146,9 @@ def test_export_now_with_the_broker_down_shows_the_url_masked(unreachable, engin
     assert SECRET not in page_text(at) and SECRET not in caplog.text and SECRET not in database_dump(home)
 
 
-def test_a_wrong_password_for_a_real_redis_is_reported_masked(redis_with_password, home, engine, page, monkeypatch,
-                                                              caplog):
+def test_a_wrong_password_for_a_real_redis_is_reported_masked(
+    redis_with_password, home, engine, page, monkeypatch, caplog
+):
     wrong = f"redis://:not-{SECRET}@127.0.0.1:{redis_with_password}/0"
     monkeypatch.setenv("TORCHDECK_BROKER_URL", wrong)
     run, raised = _failed_submit(engine, caplog)
@@ -154,36 +161,56 @@ def test_torchdeck_submit_and_status_print_the_url_masked(unreachable, engine, h
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(TINY))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # TORCHDECK_* set by the fixtures
-    done = subprocess.run([TORCHDECK, "submit", str(spec)], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300)
+    done = subprocess.run(
+        [TORCHDECK, "submit", str(spec)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     masked = unreachable.replace(SECRET, "***")
     assert f"the broker is unreachable ({masked})" in done.stderr, done.stderr
     assert SECRET not in done.stdout + done.stderr
     (run,) = repo.list_runs(engine).runs
-    status = subprocess.run([TORCHDECK, "status", run.id], capture_output=True, text=True, env=env, cwd=tmp_path,
-                            timeout=300)
+    status = subprocess.run(
+        [TORCHDECK, "status", run.id], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert status.returncode == 0, status.stderr
     assert f"error: could not reach the queue at {masked}" in status.stdout, status.stdout
-    as_json = subprocess.run([TORCHDECK, "status", run.id, "--json"], capture_output=True, text=True, env=env,
-                             cwd=tmp_path, timeout=300)
+    as_json = subprocess.run(
+        [TORCHDECK, "status", run.id, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert SECRET not in status.stdout + status.stderr + as_json.stdout + as_json.stderr
     assert SECRET not in database_dump(home)
 
 
 def test_events_and_errors_are_stored_with_urls_masked(engine, home, page):
     r = seed_run(engine, "with-events", status="running")
-    repo.append_events(engine, r.id, [
-        EventInput("lifecycle", "error", f"could not upload to s3://AKIA:{SECRET}@minio:9000/bucket/x", code="upload_failed", data={
-            "code": "upload_failed",
-            "traceback": f"Traceback (most recent call last):\n  ...\nOperationalError: postgresql://td:{SECRET}@db:5432/td",
-            "attempts": [{"broker": f"redis://:{SECRET}@redis:6379/0", "n": 3}],
-            "query": f"https://minio:9000/b?X-Amz-Credential=k&token={SECRET}",
-        }),
-        EventInput("diagnosis", "warning", f"slow data: reading from https://ada:{SECRET}@files.example/x.zip",
-                   code="data_bound", data={"code": "data_bound", "advice": "Raise loader.num_workers."}),
-    ])
-    repo.finish_run(engine, r.id, "failed", error=f"OperationalError: could not connect to postgresql://td:{SECRET}@db/td")
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput(
+                "lifecycle",
+                "error",
+                f"could not upload to s3://AKIA:{SECRET}@minio:9000/bucket/x",
+                code="upload_failed",
+                data={
+                    "code": "upload_failed",
+                    "traceback": f"Traceback (most recent call last):\n  ...\nOperationalError: postgresql://td:{SECRET}@db:5432/td",
+                    "attempts": [{"broker": f"redis://:{SECRET}@redis:6379/0", "n": 3}],
+                    "query": f"https://minio:9000/b?X-Amz-Credential=k&token={SECRET}",
+                },
+            ),
+            EventInput(
+                "diagnosis",
+                "warning",
+                f"slow data: reading from https://ada:{SECRET}@files.example/x.zip",
+                code="data_bound",
+                data={"code": "data_bound", "advice": "Raise loader.num_workers."},
+            ),
+        ],
+    )
+    repo.finish_run(
+        engine, r.id, "failed", error=f"OperationalError: could not connect to postgresql://td:{SECRET}@db/td"
+    )
     events = repo.list_events(engine, r.id)
     upload = next(e for e in events if e.code == "upload_failed")
     assert upload.message == "could not upload to s3://AKIA:***@minio:9000/bucket/x"
@@ -201,8 +228,9 @@ def test_events_and_errors_are_stored_with_urls_masked(engine, home, page):
 
 
 @pytest.mark.slow
-def test_a_stack_on_a_broker_with_a_password_runs_without_ever_showing_it(redis_with_password, home, engine, page,
-                                                                        monkeypatch, caplog):
+def test_a_stack_on_a_broker_with_a_password_runs_without_ever_showing_it(
+    redis_with_password, home, engine, page, monkeypatch, caplog
+):
     """The happy path: the right password, a real worker process takes the run and trains it. Its log, the
     database and the Run page never show the password."""
     url = f"redis://:{SECRET}@127.0.0.1:{redis_with_password}/0"
@@ -213,9 +241,32 @@ def test_a_stack_on_a_broker_with_a_password_runs_without_ever_showing_it(redis_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TORCHDECK_HEARTBEAT_S": "1"}
     log_path = home / "worker.log"
     with open(log_path, "ab") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo",
-                                   "-c", "1", "-Q", "cpu", "-n", "secrets@%h", "--without-gossip", "--without-mingle",
-                                   "-l", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker.celery_app",
+                "worker",
+                "-P",
+                "solo",
+                "-c",
+                "1",
+                "-Q",
+                "cpu",
+                "-n",
+                "secrets@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         with caplog.at_level(logging.DEBUG):
             run = submit(RunSpec.model_validate(TINY), engine=engine)

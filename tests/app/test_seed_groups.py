@@ -4,9 +4,8 @@ the Run page's sweep and group links and Repeat with k seeds."""
 
 from __future__ import annotations
 
-import json
-
 import html
+import json
 
 import pytest
 from markdown_view import shown
@@ -30,19 +29,30 @@ def _complete(engine, run_id: str, val_acc: float, status: str = "completed") ->
     repo.claim_run(engine, run_id, "w1", device="cpu")
     points = []
     for e in range(1, EPOCHS + 1):
-        points += [MetricPoint("val/acc", 10 * e, val_acc * e / EPOCHS, epoch=e),
-                   MetricPoint("val/loss", 10 * e, 1.0 / e + val_acc, epoch=e)]
+        points += [
+            MetricPoint("val/acc", 10 * e, val_acc * e / EPOCHS, epoch=e),
+            MetricPoint("val/loss", 10 * e, 1.0 / e + val_acc, epoch=e),
+        ]
     repo.append_metrics(engine, run_id, points)
-    repo.finish_run(engine, run_id, status, summary={"best": {"metric": "val/acc", "value": val_acc, "epoch": EPOCHS},
-                                                     "epochs_run": EPOCHS, "wall_time_s": 10.0})
+    repo.finish_run(
+        engine,
+        run_id,
+        status,
+        summary={
+            "best": {"metric": "val/acc", "value": val_acc, "epoch": EPOCHS},
+            "epochs_run": EPOCHS,
+            "wall_time_s": 10.0,
+        },
+    )
 
 
 def _seed_group(engine, name: str = "base", accs=ACCS) -> list:
     group = repo.new_group_id()
     runs = []
     for i, acc in enumerate(accs):
-        r = repo.create_run(engine, _spec(seed=42 + i), name=name if i == 0 else f"{name} seed {42 + i}",
-                            group_id=group)
+        r = repo.create_run(
+            engine, _spec(seed=42 + i), name=name if i == 0 else f"{name} seed {42 + i}", group_id=group
+        )
         _complete(engine, r.id, acc)
         runs.append(repo.get_run(engine, r.id))
     return runs
@@ -50,13 +60,26 @@ def _seed_group(engine, name: str = "base", accs=ACCS) -> list:
 
 def _sweep(engine, name: str = "lr-search", accs=((0.80, 0.82), (0.95, 0.97))):
     """A sweep of len(accs) trials with two seeds each, every run completed with the given val/acc."""
-    spec = SweepSpec.model_validate({"base": _spec(), "space": {"optim.lr": {"choice": [0.001, 0.01]}},
-                                     "method": "grid", "seeds": 2, "objective": {"metric": "val/acc"}})
+    spec = SweepSpec.model_validate(
+        {
+            "base": _spec(),
+            "space": {"optim.lr": {"choice": [0.001, 0.01]}},
+            "method": "grid",
+            "seeds": 2,
+            "objective": {"metric": "val/acc"},
+        }
+    )
     sweep = repo.create_sweep(engine, spec.model_dump(mode="json", by_alias=True), name=name, owner="local")
     runs = []
     for number, (lr, trial_accs) in enumerate(zip((0.001, 0.01), accs, strict=True)):
-        created = repo.add_trial(engine, sweep, number, {"optim.lr": lr}, {},
-                                 [(_spec(seed=42 + i, lr=lr), f"{name} #{number} seed {i + 1}/2") for i in range(2)])
+        created = repo.add_trial(
+            engine,
+            sweep,
+            number,
+            {"optim.lr": lr},
+            {},
+            [(_spec(seed=42 + i, lr=lr), f"{name} #{number} seed {i + 1}/2") for i in range(2)],
+        )
         for r, acc in zip(created, trial_accs, strict=True):
             _complete(engine, r.id, acc)
             runs.append(repo.get_run(engine, r.id))
@@ -73,13 +96,21 @@ def test_compare_grouped_by_seed_group_draws_a_band_and_summarises_mean_std(page
     group = _seed_group(engine)
     lone = seed_run(engine, "lone", steps=30, epochs=EPOCHS, val_acc=0.80)
     at = page("compare.py", ids=",".join([r.id for r in group] + [lone.id]))
-    assert [t["name"] for t in plotly_figures(at)["val/acc"]["data"]] == ["base", "base seed 43", "base seed 44", "lone"]
+    assert [t["name"] for t in plotly_figures(at)["val/acc"]["data"]] == [
+        "base",
+        "base seed 43",
+        "base seed 44",
+        "lone",
+    ]
     at.segmented_control(key="cmp.group_by").set_value("seed group").run()
     assert not at.exception
     data = plotly_figures(at)["val/acc"]["data"]
     bands = [t for t in data if t.get("fill") == "toself"]
     lines = [t for t in data if t.get("fill") != "toself"]
-    assert len(bands) == 2 and [t["name"] for t in lines] == ["base ×3", "lone"]  # a band per group, the lone run's flat
+    assert len(bands) == 2 and [t["name"] for t in lines] == [
+        "base ×3",
+        "lone",
+    ]  # a band per group, the lone run's flat
     assert lines[0]["x"] == [10, 20, 30] and lines[0]["y"] == pytest.approx([0.92 * e / 3 for e in (1, 2, 3)])
     upper, lower = bands[0]["y"][2], bands[0]["y"][3]  # the band's last x, on its way out and back
     assert upper - lower == pytest.approx(2 * 0.02)
@@ -240,7 +271,9 @@ def test_repeat_with_three_seeds_queues_two_runs_in_the_runs_group(page, engine,
     assert len(group) == 3 and sorted(g.spec["seed"] for g in new) == [43, 44]
     assert all(g.status == "queued" and g.parent_id == r.id for g in new)
     queued = [json.loads(m)["headers"]["argsrepr"] for m in broker.lrange("cpu", 0, -1)]
-    assert sorted(new_id for new_id in (g.id for g in new) if any(new_id in q for q in queued)) == sorted(g.id for g in new)
+    assert sorted(new_id for new_id in (g.id for g in new) if any(new_id in q for q in queued)) == sorted(
+        g.id for g in new
+    )
     assert any("seeds 43, 44" in s.value for s in at.success)
     links = {link.proto.label: link.proto.page for link in at.get("page_link")}
     assert "Compare the seed group (3 runs)" in links

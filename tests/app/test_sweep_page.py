@@ -148,8 +148,9 @@ def test_the_best_configuration_is_launched_as_a_run_or_a_seed_group(page, engin
     group = [r for r in repo.list_runs(engine).runs if r.name.startswith("lr-sweep best seed")]
     assert len(group) == 3 and len({r.group_id for r in group}) == 1 and group[0].group_id is not None
     link = next(p for p in at.get("page_link") if p.proto.label == "Compare the group's runs")
-    assert sorted(re.sub(r"^ids=", "", link.proto.query_string.replace("%2C", ",")).split(",")) == \
-        sorted(r.id for r in group)
+    assert sorted(re.sub(r"^ids=", "", link.proto.query_string.replace("%2C", ",")).split(",")) == sorted(
+        r.id for r in group
+    )
 
 
 def test_an_unknown_sweep_says_so_and_a_name_is_shown_as_its_text(page, engine):

@@ -20,7 +20,8 @@ def test_a_non_member_gets_a_refusal_page_and_no_data(team, engine, monkeypatch)
     assert not at.exception
     assert [e.value for e in at.error] == [
         "Eve is signed in but not a member of this dashboard; ask an admin to add you to TORCHDECK_ALLOWED_USERS "
-        "(or your e-mail's domain to TORCHDECK_ALLOWED_DOMAINS, or you to a group of TORCHDECK_ALLOWED_GROUPS)."]
+        "(or your e-mail's domain to TORCHDECK_ALLOWED_DOMAINS, or you to a group of TORCHDECK_ALLOWED_GROUPS)."
+    ]
     assert any(f"`{ISS}#{eve['sub']}`" in c.value for c in at.caption)  # what the admin adds
     assert [b.label for b in at.button] == ["Sign out"]
     assert len(at.dataframe) == 0 and "secret-run" not in str(at.main) + str(at.sidebar)

@@ -28,8 +28,10 @@ def crafted_zip(entries: int, claimed: int | None = None) -> bytes:
     record claiming `claimed` of them (default: the truth). zipfile opens it as it would a real one."""
     names = [f"c{i % 2}/{i}.png".encode() for i in range(entries)]
     head = struct.Struct("<4s4B4HL2L5H2L")
-    directory = b"".join(head.pack(b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0x21, 0, 0, 0, len(n), 0, 0, 0, 0,
-                                   0o100644 << 16, 0) + n for n in names)
+    directory = b"".join(
+        head.pack(b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0x21, 0, 0, 0, len(n), 0, 0, 0, 0, 0o100644 << 16, 0) + n
+        for n in names
+    )
     claimed = entries if claimed is None else claimed
     tail = b""
     if claimed >= 0xFFFF:
@@ -72,8 +74,10 @@ def _refused(engine, data: bytes) -> tuple[str, float]:
 
 def test_a_zip_listing_600000_entries_is_refused_before_its_directory_is_parsed(engine, home, zip_600k):
     message, peak = _refused(engine, zip_600k)
-    assert message.startswith(f"the archive lists 600,000 entries (files and folders); at most {ds.MAX_ENTRIES:,} "
-                              "are read (at most 200,000 images)"), message
+    assert message.startswith(
+        f"the archive lists 600,000 entries (files and folders); at most {ds.MAX_ENTRIES:,} "
+        "are read (at most 200,000 images)"
+    ), message
     assert peak < 50, f"refusing it took {peak:.0f} MB: the directory was parsed"
     assert list((home / "datasets").iterdir()) == [] and repo.list_datasets(engine) == []
 
@@ -143,8 +147,10 @@ def test_the_preview_shows_small_thumbnails_made_at_upload(page, engine, home, p
     assert folder.parent == home / "datasets" / ".previews" and len(list(folder.glob("*.png"))) == 12
     at = _open_preview(page, "photos", shown)
     assert not at.exception
-    assert len(shown) == 12 and sorted(i.proto.imgs[0].caption for i in at.image) == ["blue"] * 4 + ["green"] * 4 + \
-        ["red"] * 4
+    assert (
+        len(shown) == 12
+        and sorted(i.proto.imgs[0].caption for i in at.image) == ["blue"] * 4 + ["green"] * 4 + ["red"] * 4
+    )
     for source in shown:  # the thumbnails, never the 1600×1200 images of the dataset
         path = Path(source)
         assert path.parent == folder, source

@@ -15,18 +15,56 @@ from markdown_view import JOINER, shown
 from app.present.text import code_span, md_text, plot_text
 
 # Every character Markdown, GFM, Streamlit or HTML give a meaning, and the words of the rewritten patterns.
-MARKUP = list("\\`*_{}[]()#+-.!|<>~$:&=@/\"'%^;?,") + [" ", "\t", "\n", "\r", "\r\n", "\0", "\ufeff", "\x0c",
-                                                        "1", "a", "é", "http", "www", "material", "smile", "+1",
-                                                        "streamlit", "--", "->", "<=", "    "]
+MARKUP = list("\\`*_{}[]()#+-.!|<>~$:&=@/\"'%^;?,") + [
+    " ",
+    "\t",
+    "\n",
+    "\r",
+    "\r\n",
+    "\0",
+    "\ufeff",
+    "\x0c",
+    "1",
+    "a",
+    "é",
+    "http",
+    "www",
+    "material",
+    "smile",
+    "+1",
+    "streamlit",
+    "--",
+    "->",
+    "<=",
+    "    ",
+]
 # A vertical tab is left out: markdown-it trims it at a paragraph's ends, Streamlit's parser keeps it; neither
 # shows anything for it.
-TEXT = st.one_of(st.text(st.characters(exclude_characters="\v")),
-                 st.lists(st.sampled_from(MARKUP), max_size=24).map("".join))
+TEXT = st.one_of(
+    st.text(st.characters(exclude_characters="\v")), st.lists(st.sampled_from(MARKUP), max_size=24).map("".join)
+)
 NEWLINE = re.compile(r"\r\n|\r|\n")
-ATTACKS = ("![x](https://elsewhere/p.png)", "`tag`` with ``` backticks`", "<img src=x onerror=alert(1)>",
-           "[click](javascript:alert(1))", ":red[red] :material/home: :smile: $x^2$", "# heading", "- item",
-           "1. item", "> quote", "a -> b -- c", "www.example.com ana@example.com", "&amp; &#60;", "***", "~~x~~",
-           "|a|b|", "    indented", "x\n===", ":::note", "\\*not bold\\*")
+ATTACKS = (
+    "![x](https://elsewhere/p.png)",
+    "`tag`` with ``` backticks`",
+    "<img src=x onerror=alert(1)>",
+    "[click](javascript:alert(1))",
+    ":red[red] :material/home: :smile: $x^2$",
+    "# heading",
+    "- item",
+    "1. item",
+    "> quote",
+    "a -> b -- c",
+    "www.example.com ana@example.com",
+    "&amp; &#60;",
+    "***",
+    "~~x~~",
+    "|a|b|",
+    "    indented",
+    "x\n===",
+    ":::note",
+    "\\*not bold\\*",
+)
 
 
 def expected(s: str) -> str:
@@ -56,7 +94,11 @@ def _text_of(fragment: str) -> str:
 @given(TEXT)
 @example("![x](https://elsewhere/p.png)")
 def test_md_text_renders_as_exactly_its_text_in_a_paragraph_a_heading_and_bold(s):
-    for template, tag, allowed in (("{}", "p", {"p"}), ("# {}", "h1", {"h1"}), ("x **{}** y", "strong", {"p", "strong"})):
+    for template, tag, allowed in (
+        ("{}", "p", {"p"}),
+        ("# {}", "h1", {"h1"}),
+        ("x **{}** y", "strong", {"p", "strong"}),
+    ):
         if not s:
             continue  # nothing to draw (`****` would not even be bold)
         text, tags = element_text(template.format(md_text(s)), tag)

@@ -54,11 +54,24 @@ def test_run_page_shows_the_name_and_tags_as_text(page, engine):
 def test_run_page_shows_errors_diagnosis_and_class_names_as_text(page, engine):
     r = seed_run(engine, "broken", status="running", steps=10, epochs=1)
     repo.finish_run(engine, r.id, "failed", error=ERROR)
-    repo.append_events(engine, r.id, [
-        EventInput("diagnosis", "warning", MESSAGE, code="loss_not_decreasing", data={"advice": ADVICE}),
-        EventInput("evaluation", "info", "epoch 1", data={"epoch": 1, "confusion": [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
-                                                         "per_class_acc": [1.0, 1.0, 1.0], "class_names": CLASSES}),
-    ])
+    repo.append_events(
+        engine,
+        r.id,
+        [
+            EventInput("diagnosis", "warning", MESSAGE, code="loss_not_decreasing", data={"advice": ADVICE}),
+            EventInput(
+                "evaluation",
+                "info",
+                "epoch 1",
+                data={
+                    "epoch": 1,
+                    "confusion": [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
+                    "per_class_acc": [1.0, 1.0, 1.0],
+                    "class_names": CLASSES,
+                },
+            ),
+        ],
+    )
     at = page("run.py", id=r.id)
     assert _plain(next(e.value for e in at.error if "RuntimeError" in e.value)) == ERROR  # line breaks kept
     at = _tab(at, "run.tab", "Diagnosis & evaluation")

@@ -79,8 +79,9 @@ def test_a_nine_level_alias_bomb_is_refused_by_torchdeck_validate(tmp_path):
     def cap_memory():
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
-    done = subprocess.run([TORCHDECK, "validate", str(spec)], capture_output=True, text=True, timeout=300,
-                          preexec_fn=cap_memory, cwd=ROOT)
+    done = subprocess.run(
+        [TORCHDECK, "validate", str(spec)], capture_output=True, text=True, timeout=300, preexec_fn=cap_memory, cwd=ROOT
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert LIMIT_MESSAGE in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
@@ -217,20 +218,30 @@ def test_each_field_over_its_bound_is_refused_naming_it(field, value):
 
 
 def test_the_values_real_users_use_pass():
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_samples": 50_000, "size": 64, "cache_mb": 65_536, "limit": 1_000_000},
-        "schedule": {"name": "multistep", "milestones": [30, 60, 90], "warmup_epochs": 5, "patience": 10},
-        "train": {"epochs": 300, "batch_size": 4096, "steps_per_epoch": 100_000, "log_every": 50, "diag_every": 500,
-                  "early_stopping": {"patience": 20}},
-        "loader": {"device_cache_mb": 24_000},
-        "model": {"weights_file": "/home/ada/" + "weights/" * 30 + "resnet18.safetensors"},
-    })
+    spec = RunSpec.from_dict(
+        {
+            "data": {"name": "synthetic", "num_samples": 50_000, "size": 64, "cache_mb": 65_536, "limit": 1_000_000},
+            "schedule": {"name": "multistep", "milestones": [30, 60, 90], "warmup_epochs": 5, "patience": 10},
+            "train": {
+                "epochs": 300,
+                "batch_size": 4096,
+                "steps_per_epoch": 100_000,
+                "log_every": 50,
+                "diag_every": 500,
+                "early_stopping": {"patience": 20},
+            },
+            "loader": {"device_cache_mb": 24_000},
+            "model": {"weights_file": "/home/ada/" + "weights/" * 30 + "resnet18.safetensors"},
+        }
+    )
     assert spec.schedule.milestones == [30, 60, 90] and spec.train.batch_size == 4096
-    at_bounds = RunSpec.from_dict({
-        "data": {"name": "imagefolder", "path": "/d/" + "x" * 4093, "image_size": 1024, "cache_mb": 262_144},
-        "schedule": {"name": "multistep", "milestones": list(range(1, 101)), "step_size": 10_000},
-        "train": {"epochs": 10_000, "batch_size": 256},
-    })
+    at_bounds = RunSpec.from_dict(
+        {
+            "data": {"name": "imagefolder", "path": "/d/" + "x" * 4093, "image_size": 1024, "cache_mb": 262_144},
+            "schedule": {"name": "multistep", "milestones": list(range(1, 101)), "step_size": 10_000},
+            "train": {"epochs": 10_000, "batch_size": 256},
+        }
+    )
     assert len(at_bounds.data.path) == 4096 and len(at_bounds.schedule.milestones) == 100
     # the largest batch, on images a batch that large fits (65,536 1024-px images would need 11 TiB: refused
     # by the model-size bound, test_a_model_no_machine_can_train_is_refused_naming_the_fields)
@@ -276,11 +287,9 @@ def test_this_hosts_available_memory_is_read():
 
 
 def test_a_run_too_big_for_the_host_fails_at_once_saying_why(tmp_path, monkeypatch):
-    from core import preflight
+    from core import data, preflight
     from core.events import MemorySink
     from core.train import run_training
-
-    from core import data
 
     def generated(*args, **kwargs):
         raise AssertionError("the synthetic set was generated before the memory check refused it")
@@ -370,8 +379,9 @@ def test_a_huge_image_in_a_training_folder_is_skipped_with_the_reason(tmp_path, 
     from core.data import load_data
 
     root = _image_folder(tmp_path / "pets", huge_png)
-    b = load_data(DataSpec(name="imagefolder", path=str(root), image_size=8, max_bad_fraction=0.2, val_fraction=0.4),
-                  seed=0)
+    b = load_data(
+        DataSpec(name="imagefolder", path=str(root), image_size=8, max_bad_fraction=0.2, val_fraction=0.4), seed=0
+    )
     assert b.info.skipped == 1
     assert b.info.skipped_files == ["dog/huge.png (225,000,000 pixels, more than the 64 MP accepted)"]
     assert b.info.num_train + b.info.num_val == 10
@@ -393,10 +403,21 @@ def test_a_run_on_such_a_folder_trains_and_warns_naming_the_image(tmp_path, huge
     from core.train import run_training
 
     root = _image_folder(tmp_path / "pets", huge_png)
-    spec = RunSpec.from_dict({"data": {"name": "imagefolder", "path": str(root), "image_size": 8, "max_bad_fraction": 0.2,
-                                       "val_fraction": 0.4},
-                              "model": {"name": "mlp", "hidden": 16}, "train": {"epochs": 1, "batch_size": 4},
-                              "export": {"formats": []}, "device": "cpu"})
+    spec = RunSpec.from_dict(
+        {
+            "data": {
+                "name": "imagefolder",
+                "path": str(root),
+                "image_size": 8,
+                "max_bad_fraction": 0.2,
+                "val_fraction": 0.4,
+            },
+            "model": {"name": "mlp", "hidden": 16},
+            "train": {"epochs": 1, "batch_size": 4},
+            "export": {"formats": []},
+            "device": "cpu",
+        }
+    )
     sink = MemorySink()
     summary = run_training(spec, tmp_path / "run", sink)
     assert summary["status"] in ("completed", "early_stopped"), summary["error"]
@@ -427,10 +448,22 @@ def _evaluations(tmp_path: Path, classes: int) -> list[dict]:
     from core.train import run_training
 
     torch.set_num_threads(1)
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_classes": classes, "num_samples": 10 * classes, "size": 4, "channels": 1},
-        "model": {"name": "mlp", "hidden": 16}, "train": {"epochs": 1, "batch_size": 64},
-        "export": {"formats": []}, "device": "cpu", "seed": 0})
+    spec = RunSpec.from_dict(
+        {
+            "data": {
+                "name": "synthetic",
+                "num_classes": classes,
+                "num_samples": 10 * classes,
+                "size": 4,
+                "channels": 1,
+            },
+            "model": {"name": "mlp", "hidden": 16},
+            "train": {"epochs": 1, "batch_size": 64},
+            "export": {"formats": []},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     sink = MemorySink()
     summary = run_training(spec, tmp_path, sink)
     assert summary["status"] in ("completed", "early_stopped"), summary["error"]

@@ -65,7 +65,8 @@ def test_transfer_learning_works_on_every_pretrained_models_stages(name):
     extract = ModelSpec(name=name, pretrained=True, transfer="feature_extract", unfreeze_every=1, unfreeze_at_epoch=2)
     assert apply_transfer(model, extract, 1) == ["head"]
     assert {n for n, p in model.net.named_parameters() if p.requires_grad} == {
-        n for n, _ in model.net.get_submodule(MODELS[name].head).named_parameters(prefix=MODELS[name].head)}
+        n for n, _ in model.net.get_submodule(MODELS[name].head).named_parameters(prefix=MODELS[name].head)
+    }
     assert apply_transfer(model, extract, 2) == [names[-1], "head"]
     assert apply_transfer(model, extract, len(names) + 1) == [*names, "head"]
     last = ModelSpec(name=name, pretrained=True, transfer="finetune_last_n", last_n=1)
@@ -81,8 +82,10 @@ def test_a_pretrained_model_is_looked_for_in_the_catalogs_file(monkeypatch, tmp_
 
 
 def test_an_unknown_model_or_dataset_fails_with_the_known_ones():
-    for lookup, kind, known in ((catalog.model, "model", MODEL_NAMES),
-                                (catalog.dataset, "dataset", catalog.DATASET_NAMES)):
+    for lookup, kind, known in (
+        (catalog.model, "model", MODEL_NAMES),
+        (catalog.dataset, "dataset", catalog.DATASET_NAMES),
+    ):
         with pytest.raises(ValueError) as e:
             lookup("resnet9000")
         assert f"unknown {kind} 'resnet9000'" in str(e.value) and all(n in str(e.value) for n in known)

@@ -38,7 +38,15 @@ def test_digits_preset_reaches_97_percent(digits_run):
 
 def test_run_folder_layout_and_formats(digits_run):
     out, _ = digits_run
-    for rel in ("spec.yaml", "metrics.jsonl", "events.jsonl", "summary.json", "checkpoints/last.pt", "checkpoints/best.pt", "samples.png"):
+    for rel in (
+        "spec.yaml",
+        "metrics.jsonl",
+        "events.jsonl",
+        "summary.json",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "samples.png",
+    ):
         assert (out / rel).is_file(), rel
     metrics = pd.read_json(out / "metrics.jsonl", lines=True)  # pandas reads it directly
     assert list(metrics.columns) == ["step", "epoch", "time", "values"]
@@ -61,7 +69,15 @@ def test_bad_spec_exits_2_naming_the_field(tmp_path):
 
 def test_set_overrides_and_resume(tmp_path):
     out = tmp_path / "r"
-    base = ["configs/digits_simple_cnn.yaml", "--out", str(out), "--set", "export.formats=[]", "--set", "train.early_stopping.enabled=false"]
+    base = [
+        "configs/digits_simple_cnn.yaml",
+        "--out",
+        str(out),
+        "--set",
+        "export.formats=[]",
+        "--set",
+        "train.early_stopping.enabled=false",
+    ]
     r1 = _run("train", *base, "--set", "train.epochs=2")
     assert r1.returncode == 0, r1.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["epochs_run"] == 2
@@ -72,8 +88,24 @@ def test_set_overrides_and_resume(tmp_path):
 
 
 def test_python_dash_m_core_trains(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "core", "configs/digits_simple_cnn.yaml", "--out", str(tmp_path),
-                        "--set", "train.epochs=1", "--set", "export.formats=[]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core",
+            "configs/digits_simple_cnn.yaml",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "export.formats=[]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "epoch   1" in r.stdout and (tmp_path / "summary.json").is_file()
 

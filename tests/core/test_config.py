@@ -23,15 +23,22 @@ def test_defaults_are_valid_and_documented():
     spec = RunSpec()
     assert spec.data.name == "digits" and spec.model.name == "simple_cnn"
     # every field of every section carries a description where it is declared (the form's help text)
-    sections = [RunSpec] + [f.annotation for f in RunSpec.model_fields.values() if hasattr(f.annotation, "model_fields")]
+    sections = [RunSpec] + [
+        f.annotation for f in RunSpec.model_fields.values() if hasattr(f.annotation, "model_fields")
+    ]
     for cls in sections:
         for name, f in cls.model_fields.items():
             assert f.description, f"{cls.__name__}.{name} has no description"
 
 
 def test_yaml_round_trip_is_identity():
-    spec = RunSpec.from_dict({"model": {"name": "resnet18", "pretrained": True, "transfer": "feature_extract"},
-                              "schedule": {"name": "multistep", "milestones": [3, 6]}, "train": {"epochs": 3}})
+    spec = RunSpec.from_dict(
+        {
+            "model": {"name": "resnet18", "pretrained": True, "transfer": "feature_extract"},
+            "schedule": {"name": "multistep", "milestones": [3, 6]},
+            "train": {"epochs": 3},
+        }
+    )
     again = RunSpec.from_yaml(spec.to_yaml())
     assert again == spec
     assert again.spec_hash() == spec.spec_hash()
@@ -45,7 +52,9 @@ def test_spec_hash_ignores_name_but_not_hyperparameters():
 
 
 def test_dotted_overrides_parse_yaml_values():
-    spec = RunSpec.from_dict({}, ["train.epochs=5", "optim.lr=3e-4", "export.formats=[onnx]", "data.augment.hflip=true"])
+    spec = RunSpec.from_dict(
+        {}, ["train.epochs=5", "optim.lr=3e-4", "export.formats=[onnx]", "data.augment.hflip=true"]
+    )
     assert spec.train.epochs == 5 and spec.optim.lr == 3e-4
     assert spec.export.formats == ["onnx"] and spec.data.augment.hflip is True
 
@@ -61,7 +70,11 @@ def test_required_presets_exist():
     combos = {(s.data.name, s.model.name, s.model.pretrained) for s in map(load_spec, CONFIGS)}
     assert ("digits", "simple_cnn", False) in combos
     assert ("synthetic", "resnet18", True) in combos
-    assert ("imagefolder", "mobilenet_v3_small", True) in combos or ("imagefolder", "mobilenet_v3_large", True) in combos
+    assert ("imagefolder", "mobilenet_v3_small", True) in combos or (
+        "imagefolder",
+        "mobilenet_v3_large",
+        True,
+    ) in combos
 
 
 def test_negative_learning_rate_names_field_and_bound():

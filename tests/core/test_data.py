@@ -64,7 +64,10 @@ def _folder(path: Path, **kw) -> DataSpec:
 
 
 def _mean_colour_by_label(bundle) -> dict[str, list[float]]:
-    x, y = torch.cat([bundle.train.images, bundle.val.images]).float(), torch.cat([bundle.train.labels, bundle.val.labels])
+    x, y = (
+        torch.cat([bundle.train.images, bundle.val.images]).float(),
+        torch.cat([bundle.train.labels, bundle.val.labels]),
+    )
     return {name: x[y == i].mean(dim=(0, 2, 3)).tolist() for i, name in enumerate(bundle.info.class_names)}
 
 
@@ -142,7 +145,9 @@ def test_same_seed_same_split_through_load_data():
     assert not torch.equal(a.val.images, c.val.images)
 
 
-@pytest.mark.parametrize("spec", [DataSpec(name="digits"), DataSpec(name="synthetic", num_samples=200, size=8, channels=3)])
+@pytest.mark.parametrize(
+    "spec", [DataSpec(name="digits"), DataSpec(name="synthetic", num_samples=200, size=8, channels=3)]
+)
 def test_mean_std_are_the_train_splits_not_the_whole_sets(spec):
     b = load_data(spec, seed=0)
     train = b.train.images.numpy().astype(np.float64) / 255
@@ -179,7 +184,12 @@ def test_random_crop_is_a_shifted_window_of_the_zero_padded_image(digits_raw):
     padded = torch.nn.functional.pad(x.float() / 255, (2, 2, 2, 2))
     shifted = 0
     for k in range(len(x)):
-        windows = [(dy, dx) for dy in range(5) for dx in range(5) if torch.equal(padded[k, :, dy : dy + 8, dx : dx + 8], out[k])]
+        windows = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(padded[k, :, dy : dy + 8, dx : dx + 8], out[k])
+        ]
         assert windows, f"sample {k} is not a crop of its padded image"
         shifted += (2, 2) not in windows
     assert shifted > len(x) // 2
@@ -210,7 +220,9 @@ def test_validation_preprocess_never_augments(digits_raw):
     plain = (x.float() / 255 - mean) / std
     val = Preprocess(info, None, CPU)(x, torch.Generator().manual_seed(0))
     assert torch.equal(val, plain)
-    train = Preprocess(info, AugmentSpec(random_crop=True, hflip=True, color_jitter=0.3), CPU)(x, torch.Generator().manual_seed(0))
+    train = Preprocess(info, AugmentSpec(random_crop=True, hflip=True, color_jitter=0.3), CPU)(
+        x, torch.Generator().manual_seed(0)
+    )
     assert not torch.allclose(train, plain)
 
 

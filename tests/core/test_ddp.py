@@ -110,7 +110,9 @@ def test_validation_is_reduced_over_the_whole_split_not_rank_0s_shard(pair):
     assert [e["confusion"] for e in ev2] == [e["confusion"] for e in ev1]
     assert sum(map(sum, ev2[-1]["confusion"])) == 359
     gallery = [a for a in m2.artifacts if a["kind"] == "misclassified"]
-    assert [a["meta"]["items"] for a in gallery] == [a["meta"]["items"] for a in m1.artifacts if a["kind"] == "misclassified"]
+    assert [a["meta"]["items"] for a in gallery] == [
+        a["meta"]["items"] for a in m1.artifacts if a["kind"] == "misclassified"
+    ]
 
 
 def test_only_rank_0_writes(pair):
@@ -129,8 +131,17 @@ def test_only_rank_0_writes(pair):
 def test_the_distributed_event_says_the_batch_per_rank_and_in_total(pair):
     (_, m2, _) = pair[2]
     (ev,) = [e for e in m2.events if e["kind"] == "distributed"]
-    assert ev["data"] == {"code": "distributed", "world_size": 2, "backend": "gloo", "per_rank_batch": 32,
-                          "global_batch": 64, "accumulate": 1, "lr": 1e-3, "device": "cpu", "threads_per_rank": 1}
+    assert ev["data"] == {
+        "code": "distributed",
+        "world_size": 2,
+        "backend": "gloo",
+        "per_rank_batch": 32,
+        "global_batch": 64,
+        "accumulate": 1,
+        "lr": 1e-3,
+        "device": "cpu",
+        "threads_per_rank": 1,
+    }
     assert "32 per rank × 2 = 64 total" in ev["message"]
     assert not [e for e in pair[1][1].events if e["kind"] == "distributed"]
 
@@ -193,8 +204,13 @@ def test_a_killed_rank_raises_rank_lost_within_bounded_time(tmp_path):
 def test_accumulation_and_the_dataloader_path_match_one_process(tmp_path):
     """accumulate=2 (no_sync on the first micro-step), clipping, the DataLoader path (device cache off), and
     801 train samples at batch 32: the last global batch holds 1 sample, so rank 1's share of it is empty."""
-    overrides = ("data.limit=1001", "train.batch_size=32", "train.accumulate=2", "loader.device_cache_mb=0",
-                 "train.epochs=2")
+    overrides = (
+        "data.limit=1001",
+        "train.batch_size=32",
+        "train.accumulate=2",
+        "loader.device_cache_mb=0",
+        "train.epochs=2",
+    )
     runs = []
     for gpus in (1, 2):
         sink = MemorySink()
@@ -222,8 +238,12 @@ def test_pruning_and_early_stopping_end_every_rank_after_the_same_epoch(tmp_path
     """Rank 0's verdict is broadcast: the run ends after epoch 1 (pruned) or 2 (early stopped, patience 1 and
     an improvement threshold no epoch meets), and rank 1 leaves by itself (no rank is terminated)."""
     control = PruneAt(1) if case == "pruned" else NeverStop()
-    overrides = ["resources.gpus=2", "train.epochs=4", "train.early_stopping.patience=1",
-                 "train.early_stopping.min_delta=100"]
+    overrides = [
+        "resources.gpus=2",
+        "train.epochs=4",
+        "train.early_stopping.patience=1",
+        "train.early_stopping.min_delta=100",
+    ]
     sink = MemorySink()
     s = run_training(spec(*overrides), tmp_path, sink, control)
     epochs = 1 if case == "pruned" else 2
@@ -236,8 +256,9 @@ def test_pruning_and_early_stopping_end_every_rank_after_the_same_epoch(tmp_path
 def test_divergence_ends_every_rank_at_the_same_step(tmp_path):
     """All ranks check the same combined loss, so they all stop at step 2; the run ends diverged, not lost."""
     sink = MemorySink()
-    s = run_training(spec("resources.gpus=2", "optim.name=sgd", "optim.lr=1000", "train.grad_clip.mode=none"),
-                     tmp_path, sink)
+    s = run_training(
+        spec("resources.gpus=2", "optim.name=sgd", "optim.lr=1000", "train.grad_clip.mode=none"), tmp_path, sink
+    )
     assert s["status"] == "diverged" and s["global_step"] == 2
     assert "non_finite_loss" in sink.codes()
 

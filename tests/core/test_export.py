@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from core import export as export_mod
+from core.catalog import MODELS
 from core.config import DataSpec, ModelSpec, RunSpec
 from core.data import Preprocess, load_data
 from core.export import export_model
-from core.names import EXPORT_FORMATS as FORMATS
-from core.catalog import MODELS
 from core.models import build_model
+from core.names import EXPORT_FORMATS as FORMATS
 
 BIG = {"resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large"}  # slowest to export on CPU
 
@@ -42,8 +42,13 @@ def quick_latency(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _meta(channels: int, size: int, classes: int = 3, arch: str = "test") -> dict:
     return {
-        "class_names": [f"class_{i}" for i in range(classes)], "channels": channels, "image_size": size,
-        "mean": [0.5] * channels, "std": [0.25] * channels, "spec_hash": "0" * 64, "arch": arch,
+        "class_names": [f"class_{i}" for i in range(classes)],
+        "channels": channels,
+        "image_size": size,
+        "mean": [0.5] * channels,
+        "std": [0.25] * channels,
+        "spec_hash": "0" * 64,
+        "arch": arch,
         "versions": {"torchdeck": "test"},
     }
 
@@ -208,7 +213,9 @@ def test_wrong_inputs_or_meta_are_refused_with_what_is_expected(tmp_path: Path) 
 
 def test_reexport_removes_files_of_formats_no_longer_produced(tmp_path: Path) -> None:
     model = build_model(ModelSpec(name="mlp", hidden=16), 3, 1, 8)
-    export_model(model, _batch(1, 1, 8), tmp_path, ["torchscript", "pt2"], _meta(1, 8))  # one sample: still batch-dynamic
+    export_model(
+        model, _batch(1, 1, 8), tmp_path, ["torchscript", "pt2"], _meta(1, 8)
+    )  # one sample: still batch-dynamic
     assert (tmp_path / "model.ts").exists()
     report = export_model(model, _batch(1, 1, 8), tmp_path, ["pt2"], _meta(1, 8))
     _assert_verified(report, tmp_path, "pt2")
@@ -238,12 +245,29 @@ def digits_export(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with torch.no_grad():
         acc = (model(x_val).argmax(1) == data.val.labels).float().mean().item()
     assert acc > 0.9, f"the tiny digits model should learn (val acc {acc:.3f})"
-    meta = {"class_names": info.class_names, "channels": info.channels, "image_size": info.image_size,
-            "mean": info.mean, "std": info.std, "spec_hash": spec.spec_hash(), "arch": "simple_cnn"}
+    meta = {
+        "class_names": info.class_names,
+        "channels": info.channels,
+        "image_size": info.image_size,
+        "mean": info.mean,
+        "std": info.std,
+        "spec_hash": spec.spec_hash(),
+        "arch": "simple_cnn",
+    }
     out = tmp_path_factory.mktemp("digits_export")
     messages: list[str] = []
-    report = export_model(model, x_val[:256], out, list(FORMATS), meta, opset=spec.export.opset, progress=messages.append)
-    return {"report": report, "out": out, "model": model, "data": data, "x_val": x_val, "meta": meta, "messages": messages}
+    report = export_model(
+        model, x_val[:256], out, list(FORMATS), meta, opset=spec.export.opset, progress=messages.append
+    )
+    return {
+        "report": report,
+        "out": out,
+        "model": model,
+        "data": data,
+        "x_val": x_val,
+        "meta": meta,
+        "messages": messages,
+    }
 
 
 def test_digits_export_is_verified_on_the_real_validation_batch(digits_export: dict) -> None:
@@ -252,7 +276,9 @@ def test_digits_export_is_verified_on_the_real_validation_batch(digits_export: d
     for fmt in FORMATS:
         _assert_verified(report, out, fmt)
     assert set(report["latency_ms"]) == {"eager", *FORMATS}
-    assert report["spec_hash"] == digits_export["meta"]["spec_hash"] and report["class_names"] == [str(i) for i in range(10)]
+    assert report["spec_hash"] == digits_export["meta"]["spec_hash"] and report["class_names"] == [
+        str(i) for i in range(10)
+    ]
     assert any(m.startswith("onnx: ok") for m in digits_export["messages"])
     assert report["versions"]["torch"] == torch.__version__.split("+")[0]
 
@@ -304,10 +330,17 @@ def test_bundle_predict_py_classifies_a_digit_png_without_torch(digits_export: d
     with zipfile.ZipFile(digits_export["out"] / "bundle.zip") as zf:
         zf.extractall(tmp_path / "bundle")
     # torch made unimportable: predict.py must stand on numpy, Pillow and onnxruntime alone.
-    runner = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
-              "runpy.run_path(sys.argv[0], run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", runner, str(tmp_path / "bundle" / "predict.py"), str(tmp_path / "digit.png")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    runner = (
+        "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", runner, str(tmp_path / "bundle" / "predict.py"), str(tmp_path / "digit.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     label, prob = done.stdout.split()
     assert label == str(int(data.val.labels[i]))

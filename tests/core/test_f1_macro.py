@@ -35,8 +35,15 @@ def test_macro_f1_is_scikit_learns(seed):
 
 
 def test_a_run_monitoring_val_f1_macro_stops_and_keeps_the_best_by_it(tmp_path):
-    spec = RunSpec.from_dict(TINY, ["train.epochs=6", "train.early_stopping.monitor=val/f1_macro",
-                                    "train.early_stopping.patience=1", "optim.lr=0.03"])
+    spec = RunSpec.from_dict(
+        TINY,
+        [
+            "train.epochs=6",
+            "train.early_stopping.monitor=val/f1_macro",
+            "train.early_stopping.patience=1",
+            "optim.lr=0.03",
+        ],
+    )
     assert spec.train.early_stopping.resolved_mode == "max"
     sink = MemorySink()
     summary = run_training(spec, tmp_path, sink)

@@ -41,7 +41,8 @@ def test_exact_loss_regression(tmp_path):
     assert summary["status"] == "completed"
     losses = [v for _, v in sink.series("train/loss")]
     assert losses == pytest.approx(
-        [1.1335217, 1.1391544, 1.0692283, 1.0665864, 1.0683430, 1.0559490, 1.0528111, 1.0453899, 1.0331004, 1.0202916], rel=1e-5
+        [1.1335217, 1.1391544, 1.0692283, 1.0665864, 1.0683430, 1.0559490, 1.0528111, 1.0453899, 1.0331004, 1.0202916],
+        rel=1e-5,
     )
     assert summary["best"] == {"metric": "val/loss", "value": pytest.approx(1.0181226, rel=1e-5), "epoch": 2}
 
@@ -50,9 +51,23 @@ def test_metrics_cover_steps_layers_and_epochs(tmp_path):
     sink = MemorySink()
     run_training(tiny("data.num_classes=7", "data.num_samples=140"), tmp_path, sink)
     keys = {k for _, _, v in sink.metric_rows for k in v}
-    for k in ("train/loss", "lr", "grad_norm", "throughput", "data_wait", "train/acc", "val/loss", "val/acc",
-              "val/acc_top5", "epoch_time_s", "mem/peak_mb", "grad_norm/conv1", "grad_norm/head", "update_ratio/fc1",
-              "val/acc_class/class_6"):
+    for k in (
+        "train/loss",
+        "lr",
+        "grad_norm",
+        "throughput",
+        "data_wait",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "val/acc_top5",
+        "epoch_time_s",
+        "mem/peak_mb",
+        "grad_norm/conv1",
+        "grad_norm/head",
+        "update_ratio/fc1",
+        "val/acc_class/class_6",
+    ):
         assert k in keys, k
     evals = [e for e in sink.events if e["kind"] == "evaluation"]
     assert len(evals) == 2
@@ -74,6 +89,7 @@ def test_amp_step_order_scale_backward_unscale_clip_step_update_zero(tmp_path, m
         def wrapper(*a, **k):
             calls.append(name)
             return fn(*a, **k)
+
         return wrapper
 
     for name in ("scale", "unscale_", "step", "update"):
@@ -100,8 +116,14 @@ def test_accumulation_equals_one_big_batch(tmp_path):
     """2 micro-batches of 8 with accumulate=2 give the same update as one batch of 16."""
     states = []
     for bs, acc in ((16, 1), (8, 2)):
-        spec = tiny(f"train.batch_size={bs}", f"train.accumulate={acc}", "train.steps_per_epoch=1", "optim.name=sgd",
-                    "optim.lr=0.5", "optim.momentum=0.0")
+        spec = tiny(
+            f"train.batch_size={bs}",
+            f"train.accumulate={acc}",
+            "train.steps_per_epoch=1",
+            "optim.name=sgd",
+            "optim.lr=0.5",
+            "optim.momentum=0.0",
+        )
         seed_everything(0, True)  # same initial weights for both
         t = build_trainer(spec, tmp_path / str(bs), MemorySink(), NeverStop(), torch.device("cpu"))
         train_one_epoch(t, 1)
@@ -117,8 +139,9 @@ def test_early_stopping_keeps_and_restores_best(tmp_path):
     assert not es.update(0.4, 3) and es.should_stop and es.best_epoch == 1
     # Integration: nothing can improve by 10 → stops after `patience` epochs, best is epoch 1.
     sink = MemorySink()
-    summary = run_training(tiny("train.epochs=6", "train.early_stopping.patience=2", "train.early_stopping.min_delta=10"),
-                           tmp_path, sink)
+    summary = run_training(
+        tiny("train.epochs=6", "train.early_stopping.patience=2", "train.early_stopping.min_delta=10"), tmp_path, sink
+    )
     assert summary["status"] == "early_stopped" and summary["epochs_run"] == 3
     assert summary["best"]["epoch"] == 1
     assert load_checkpoint(tmp_path / "checkpoints" / "best.pt")["epoch"] == 1
@@ -139,8 +162,15 @@ def _stop_after_epoch(k: int, sink: MemorySink, flag: StopFlag):
 
 def test_resume_after_epoch_k_matches_uninterrupted_run(tmp_path):
     """model, optimizer, schedule, early stopping, RNG (dropout, augmentation) all resume exactly."""
-    over = ("train.epochs=4", "model.dropout=0.3", "data.augment.hflip=true", "data.augment.random_crop=true",
-            "schedule.name=cosine", "optim.name=adamw", "optim.weight_decay=0.01")
+    over = (
+        "train.epochs=4",
+        "model.dropout=0.3",
+        "data.augment.hflip=true",
+        "data.augment.random_crop=true",
+        "schedule.name=cosine",
+        "optim.name=adamw",
+        "optim.weight_decay=0.01",
+    )
     full = MemorySink()
     ref = run_training(tiny(*over), tmp_path / "full", full)
     part, flag = MemorySink(), StopFlag()
@@ -159,7 +189,9 @@ def test_resume_after_epoch_k_matches_uninterrupted_run(tmp_path):
 
 def test_divergence_ends_run_with_advice(tmp_path):
     sink = MemorySink()
-    summary = run_training(tiny("optim.name=sgd", "optim.lr=1e3", "train.grad_clip.mode=none", "train.epochs=3"), tmp_path, sink)
+    summary = run_training(
+        tiny("optim.name=sgd", "optim.lr=1e3", "train.grad_clip.mode=none", "train.epochs=3"), tmp_path, sink
+    )
     assert summary["status"] == "diverged"
     diag = [e for e in sink.events if e["data"].get("code") == "non_finite_loss"]
     assert diag and "learning rate" in diag[0]["data"]["advice"]
@@ -182,8 +214,19 @@ def test_cancel_stops_between_steps_and_keeps_checkpoint(tmp_path):
 def test_checkpoint_holds_everything_to_resume(tmp_path):
     run_training(tiny(), tmp_path, MemorySink())
     ck = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    for key in ("model", "optimizer", "schedule", "scaler", "early_stopping", "epoch", "global_step", "rng", "spec",
-                "data_info", "versions"):
+    for key in (
+        "model",
+        "optimizer",
+        "schedule",
+        "scaler",
+        "early_stopping",
+        "epoch",
+        "global_step",
+        "rng",
+        "spec",
+        "data_info",
+        "versions",
+    ):
         assert key in ck, key
     assert ck["versions"]["torch"] == torch.__version__
     assert RunSpec.model_validate(ck["spec"]) == tiny()
@@ -248,7 +291,9 @@ def test_label_smoothing_raises_the_floor_of_the_loss(tmp_path):
 
 @pytest.mark.slow
 def test_torch_compile_option_trains(tmp_path):
-    summary = run_training(tiny("compile=true", "train.epochs=1", "deterministic=false", "model.name=mlp"), tmp_path, MemorySink())
+    summary = run_training(
+        tiny("compile=true", "train.epochs=1", "deterministic=false", "model.name=mlp"), tmp_path, MemorySink()
+    )
     assert summary["status"] == "completed", summary["error"]
 
 
@@ -278,7 +323,9 @@ def test_plateau_schedule_decays_when_the_monitor_stalls():
     from core.optim import Schedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    sched = Schedule(opt, ScheduleSpec(name="plateau", patience=1, gamma=0.5), steps_per_epoch=10, epochs=10, mode="min")
+    sched = Schedule(
+        opt, ScheduleSpec(name="plateau", patience=1, gamma=0.5), steps_per_epoch=10, epochs=10, mode="min"
+    )
     for value in (1.0, 0.9, 0.9, 0.9):
         sched.step_batch()
         sched.step_epoch(value)
@@ -292,8 +339,15 @@ def test_the_end_of_run_export_holds_the_weights_export_checkpoint_names(tmp_pat
     import json
     import warnings
 
-    spec = tiny("train.epochs=6", "optim.name=sgd", "optim.lr=0.5", "data.noise=2.0", "train.early_stopping.patience=10",
-                "export.formats=[torchscript]", f"export.checkpoint={checkpoint}")
+    spec = tiny(
+        "train.epochs=6",
+        "optim.name=sgd",
+        "optim.lr=0.5",
+        "data.noise=2.0",
+        "train.early_stopping.patience=10",
+        "export.formats=[torchscript]",
+        f"export.checkpoint={checkpoint}",
+    )
     summary = run_training(spec, tmp_path, MemorySink())
     assert summary["status"] == "completed" and summary["best"]["epoch"] == 3 and summary["epochs_run"] == 6
     report = json.loads((tmp_path / "export" / "export.json").read_text())
@@ -308,8 +362,11 @@ def test_the_end_of_run_export_holds_the_weights_export_checkpoint_names(tmp_pat
 
 def _all_in(weights: dict, exported: list) -> bool:
     """Every floating-point tensor of a state_dict appears, equal, among the exported module's tensors."""
-    return all(any(v.shape == e.shape and torch.equal(v, e) for e in exported)
-               for v in weights.values() if v.is_floating_point())
+    return all(
+        any(v.shape == e.shape and torch.equal(v, e) for e in exported)
+        for v in weights.values()
+        if v.is_floating_point()
+    )
 
 
 def test_specs_that_said_restore_best_false_now_say_export_checkpoint_last():

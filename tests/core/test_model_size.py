@@ -17,21 +17,35 @@ import torch
 import yaml
 
 from core import model_size
+from core.catalog import MODELS
 from core.config import ModelSpec, RunSpec, SpecError
 from core.model_size import Task
-from core.catalog import MODELS
 from core.models import build_model, count_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 GIANT_MLP = {"data": {"name": "synthetic", "image_size": 1024}, "model": {"name": "mlp", "hidden": 8192}}
 TOO_BIG = [  # (spec, what the refusal must say)
-    (GIANT_MLP, ["model.hidden=8192 with data.image_size=1024", "25.8 billion parameters", "96.3 GiB as float32",
-                 "lower model.hidden or data.image_size"]),
-    ({"data": {"name": "synthetic", "size": 512}, "model": {"name": "simple_cnn_wide", "hidden": 8192}},
-     ["model.hidden=8192 with data.size=512", "8.6 billion parameters", "lower model.hidden or data.size"]),
-    ({"data": {"name": "imagefolder", "path": "/d", "image_size": 1024}, "train": {"batch_size": 65_536}},
-     ["training simple_cnn on data.image_size=1024 at train.batch_size=65536 takes about 11.3 TiB",
-      "lower train.batch_size or data.image_size", "model.gradient_checkpointing"]),
+    (
+        GIANT_MLP,
+        [
+            "model.hidden=8192 with data.image_size=1024",
+            "25.8 billion parameters",
+            "96.3 GiB as float32",
+            "lower model.hidden or data.image_size",
+        ],
+    ),
+    (
+        {"data": {"name": "synthetic", "size": 512}, "model": {"name": "simple_cnn_wide", "hidden": 8192}},
+        ["model.hidden=8192 with data.size=512", "8.6 billion parameters", "lower model.hidden or data.size"],
+    ),
+    (
+        {"data": {"name": "imagefolder", "path": "/d", "image_size": 1024}, "train": {"batch_size": 65_536}},
+        [
+            "training simple_cnn on data.image_size=1024 at train.batch_size=65536 takes about 11.3 TiB",
+            "lower train.batch_size or data.image_size",
+            "model.gradient_checkpointing",
+        ],
+    ),
 ]
 
 
@@ -54,19 +68,25 @@ def test_a_model_no_machine_can_train_is_refused_naming_the_fields(data, says):
 def test_torchdeck_validate_refuses_the_giant_mlp_without_importing_torch(tmp_path):
     spec = tmp_path / "giant.yaml"
     spec.write_text(yaml.safe_dump(GIANT_MLP))
-    probe = ("import sys; from core.config import load_spec, SpecError\n"
-             f"try: load_spec({str(spec)!r})\nexcept SpecError as e: print(e)\n"
-             "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    probe = (
+        "import sys; from core.config import load_spec, SpecError\n"
+        f"try: load_spec({str(spec)!r})\nexcept SpecError as e: print(e)\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch')"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "25.8 billion parameters" in done.stdout and done.stdout.strip().endswith("no torch"), done.stdout
 
 
 def test_models_real_users_train_pass_the_size_bound():
-    for data in ({"model": {"name": "mlp", "hidden": 8192}, "data": {"name": "imagefolder", "path": "/d",
-                                                                     "image_size": 224}},
-                 {"model": {"name": "resnet50"}, "data": {"name": "imagefolder", "path": "/d", "image_size": 512},
-                  "train": {"batch_size": 256}},
-                 {"model": {"name": "convnext_tiny"}, "data": {"name": "cifar10"}, "train": {"batch_size": 4096}}):
+    for data in (
+        {"model": {"name": "mlp", "hidden": 8192}, "data": {"name": "imagefolder", "path": "/d", "image_size": 224}},
+        {
+            "model": {"name": "resnet50"},
+            "data": {"name": "imagefolder", "path": "/d", "image_size": 512},
+            "train": {"batch_size": 256},
+        },
+        {"model": {"name": "convnext_tiny"}, "data": {"name": "cifar10"}, "train": {"batch_size": 4096}},
+    ):
         assert RunSpec.from_dict(data).model.name == data["model"]["name"]
 
 
@@ -80,8 +100,9 @@ def test_a_run_whose_model_does_not_fit_this_hosts_memory_fails_before_it_is_bui
 
     monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 256 << 20)
     monkeypatch.setattr(train, "build_trainer", built)
-    spec = RunSpec.from_dict({"data": {"name": "synthetic", "size": 64}, "model": {"name": "mlp", "hidden": 4096},
-                              "device": "cpu"})
+    spec = RunSpec.from_dict(
+        {"data": {"name": "synthetic", "size": 64}, "model": {"name": "mlp", "hidden": 4096}, "device": "cpu"}
+    )
     summary = train.run_training(spec, tmp_path, MemorySink())
     assert summary["status"] == "failed"
     error = summary["error"]
@@ -132,8 +153,13 @@ def test_on_a_gpu_the_pre_flight_compares_with_the_gpus_free_memory(monkeypatch)
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 80 << 30))
-    spec = RunSpec.from_dict({"model": {"name": "resnet50"}, "train": {"batch_size": 512},
-                              "data": {"name": "imagefolder", "path": "/d", "image_size": 224}})
+    spec = RunSpec.from_dict(
+        {
+            "model": {"name": "resnet50"},
+            "train": {"batch_size": 512},
+            "data": {"name": "imagefolder", "path": "/d", "image_size": 224},
+        }
+    )
     with pytest.raises(MemoryError) as e:
         preflight.check_memory(spec)
     assert "training resnet50 takes about 41.5 GiB" in str(e.value) and "this GPU has 8.0 GiB free" in str(e.value)

@@ -53,10 +53,14 @@ def test_simple_cnns_are_the_seed_architectures(name, widths):
     c1, c2 = widths
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert shapes == {
-        "net.conv1.0.weight": (c1, 3, 3, 3), "net.conv1.0.bias": (c1,),
-        "net.conv2.0.weight": (c2, c1, 3, 3), "net.conv2.0.bias": (c2,),
-        "net.fc1.1.weight": (128, c2 * 8 * 8), "net.fc1.1.bias": (128,),  # 32×32 pooled twice: 8×8
-        "net.fc2.weight": (10, 128), "net.fc2.bias": (10,),
+        "net.conv1.0.weight": (c1, 3, 3, 3),
+        "net.conv1.0.bias": (c1,),
+        "net.conv2.0.weight": (c2, c1, 3, 3),
+        "net.conv2.0.bias": (c2,),
+        "net.fc1.1.weight": (128, c2 * 8 * 8),
+        "net.fc1.1.bias": (128,),  # 32×32 pooled twice: 8×8
+        "net.fc2.weight": (10, 128),
+        "net.fc2.bias": (10,),
     }
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
@@ -196,7 +200,10 @@ def test_finetune_last_n_trains_the_top_stages_and_the_head(resnet):
     assert apply_transfer(resnet, _xfer(transfer="finetune_last_n", last_n=2), epoch=1) == ["layer3", "layer4", "head"]
     assert {n.split(".")[1] for n in _trainable(resnet)} == {"layer3", "layer4", "fc"}
     mobilenet = _build("mobilenet_v3_small")
-    assert apply_transfer(mobilenet, _xfer("mobilenet_v3_small", transfer="finetune_last_n", last_n=1), 1) == ["features.12", "head"]
+    assert apply_transfer(mobilenet, _xfer("mobilenet_v3_small", transfer="finetune_last_n", last_n=1), 1) == [
+        "features.12",
+        "head",
+    ]
     tops = {".".join(n.split(".")[1:3]) for n in _trainable(mobilenet)}
     assert tops == {"features.12", "classifier.3"}
 
@@ -204,7 +211,12 @@ def test_finetune_last_n_trains_the_top_stages_and_the_head(resnet):
 def test_progressive_unfreezing_trains_everything_from_its_epoch(resnet):
     spec = _xfer(transfer="feature_extract", unfreeze_at_epoch=3)
     everything = {n for n, _ in resnet.named_parameters()}
-    for epoch, want in ((1, {"net.fc.weight", "net.fc.bias"}), (2, {"net.fc.weight", "net.fc.bias"}), (3, everything), (4, everything)):
+    for epoch, want in (
+        (1, {"net.fc.weight", "net.fc.bias"}),
+        (2, {"net.fc.weight", "net.fc.bias"}),
+        (3, everything),
+        (4, everything),
+    ):
         apply_transfer(resnet, spec, epoch)
         assert _trainable(resnet) == want, f"epoch {epoch}"
 
@@ -236,8 +248,9 @@ def test_optimizer_groups_backbone_lr_and_no_decay_on_norms_and_biases(resnet):
 # --- gradient checkpointing --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, stage", [("simple_cnn", "conv2"), ("resnet18", "layer2"),
-                                         ("regnet_y_400mf", "trunk_output.block2")])
+@pytest.mark.parametrize(
+    "name, stage", [("simple_cnn", "conv2"), ("resnet18", "layer2"), ("regnet_y_400mf", "trunk_output.block2")]
+)
 def test_gradient_checkpointing_gives_the_same_step(name, stage):
     plain, ckpt = _build(name), _build(name, seed=1, gradient_checkpointing=True)
     assert list(ckpt.state_dict()) == list(plain.state_dict())  # same keys: weights move between the two

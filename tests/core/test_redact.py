@@ -19,7 +19,8 @@ _PASSWORD = st.text(alphabet=string.ascii_letters + string.digits + "-._~!$&'()*
 _USER = st.text(alphabet=string.ascii_letters + string.digits + "-._~", max_size=12)
 _SCHEME = st.sampled_from(["redis", "rediss", "postgresql", "postgresql+psycopg", "amqp", "s3", "https", "sqla+mysql"])
 _HOST = st.from_regex(r"[a-z][a-z0-9-]{0,15}(\.[a-z][a-z0-9-]{0,10}){0,3}", fullmatch=True) | st.sampled_from(
-    ["127.0.0.1", "10.0.0.7", "[::1]", "localhost"])
+    ["127.0.0.1", "10.0.0.7", "[::1]", "localhost"]
+)
 _PORT = st.none() | st.integers(1, 65535)
 _PATH = st.from_regex(r"(/[a-z0-9_.-]{0,12}){0,3}", fullmatch=True)
 # Words around a URL in a message: no ':', '@', '/' or '=' (they are what a URL or a query parameter is made of).
@@ -34,7 +35,9 @@ def _url(scheme: str, user: str, password: str, host: str, port: int | None, pat
 
 @settings(max_examples=300, deadline=None)
 @given(_SCHEME, _USER, _PASSWORD, _HOST, _PORT, _PATH, _WORDS, _WORDS)
-def test_any_url_with_a_password_is_shown_with_the_password_masked(scheme, user, password, host, port, path, before, after):
+def test_any_url_with_a_password_is_shown_with_the_password_masked(
+    scheme, user, password, host, port, path, before, after
+):
     url, shown = _url(scheme, user, password, host, port, path)
     text = f"{before} {url} {after}"
     assert redact(text) == f"{before} {shown} {after}"
@@ -55,8 +58,12 @@ def test_text_without_credentials_is_unchanged(text):
 
 
 _PLAIN_KEY = st.sampled_from(["lr", "epochs", "key", "db", "timeout", "name", "id", "page"])
-_HARMLESS = st.lists(_WORDS | st.builds("{}@{}.org".format, _USER.filter(bool), _HOST)
-                     | st.builds("{}={}".format, _PLAIN_KEY, _WORDS.map(lambda w: w.replace(" ", ""))), max_size=6)
+_HARMLESS = st.lists(
+    _WORDS
+    | st.builds("{}@{}.org".format, _USER.filter(bool), _HOST)
+    | st.builds("{}={}".format, _PLAIN_KEY, _WORDS.map(lambda w: w.replace(" ", ""))),
+    max_size=6,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -77,14 +84,11 @@ def test_urls_without_a_password_are_unchanged(scheme, user, host, port, path, w
 
 def test_the_messages_torchdeck_writes_are_masked_where_they_show_the_url():
     cases = {
-        f"could not reach the queue at redis://:{SECRET}@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.":
-            "could not reach the queue at redis://:***@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.",
-        f"the run was stored but the broker is unreachable (redis://:{SECRET}@127.0.0.1:1/0): refused":
-            "the run was stored but the broker is unreachable (redis://:***@127.0.0.1:1/0): refused",
+        f"could not reach the queue at redis://:{SECRET}@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.": "could not reach the queue at redis://:***@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.",
+        f"the run was stored but the broker is unreachable (redis://:{SECRET}@127.0.0.1:1/0): refused": "the run was stored but the broker is unreachable (redis://:***@127.0.0.1:1/0): refused",
         f"postgresql+psycopg://torchdeck:{SECRET}@db:5432/torchdeck": "postgresql+psycopg://torchdeck:***@db:5432/torchdeck",
         f"redis://:p@ss{SECRET}@redis:6379": "redis://:***@redis:6379",  # an unencoded '@' in the password
-        f"s3 at https://minio:9000/bucket?access_key=AKIA&secret_key={SECRET}#x":
-            "s3 at https://minio:9000/bucket?access_key=***&secret_key=***#x",
+        f"s3 at https://minio:9000/bucket?access_key=AKIA&secret_key={SECRET}#x": "s3 at https://minio:9000/bucket?access_key=***&secret_key=***#x",
         f"callback https://app/cb?code=1&token={SECRET}": "callback https://app/cb?code=1&token=***",
         "e-mail ada@example.com, key=value, ratio 3:4": "e-mail ada@example.com, key=value, ratio 3:4",
     }
@@ -94,10 +98,16 @@ def test_the_messages_torchdeck_writes_are_masked_where_they_show_the_url():
 
 
 def test_redact_data_masks_every_string_of_an_event_and_keeps_the_rest():
-    data = {"code": "failed", "epoch": 3, "ok": False, "value": 1.5, "none": None,
-            "traceback": f"Traceback...\nConnectionError: redis://:{SECRET}@h:1/0 refused",
-            "attempts": [{"url": f"amqp://u:{SECRET}@mq//"}, "plain text", 7],
-            "nested": {"deeper": (f"postgresql://u:{SECRET}@db/x",)}}
+    data = {
+        "code": "failed",
+        "epoch": 3,
+        "ok": False,
+        "value": 1.5,
+        "none": None,
+        "traceback": f"Traceback...\nConnectionError: redis://:{SECRET}@h:1/0 refused",
+        "attempts": [{"url": f"amqp://u:{SECRET}@mq//"}, "plain text", 7],
+        "nested": {"deeper": (f"postgresql://u:{SECRET}@db/x",)},
+    }
     out = redact_data(data)
     assert SECRET not in repr(out)
     assert out["code"] == "failed" and out["epoch"] == 3 and out["ok"] is False and out["value"] == 1.5
@@ -109,8 +119,15 @@ def test_redact_data_masks_every_string_of_an_event_and_keeps_the_rest():
 
 def test_log_records_are_masked_arguments_included(caplog):
     logger = logging.getLogger("torchdeck.test_redact")
-    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "cannot reach %s (%d tries)",
-                               (f"redis://:{SECRET}@h:6379/0", 3), None)
+    record = logger.makeRecord(
+        logger.name,
+        logging.WARNING,
+        __file__,
+        1,
+        "cannot reach %s (%d tries)",
+        (f"redis://:{SECRET}@h:6379/0", 3),
+        None,
+    )
     assert RedactingFilter().filter(record) is True
     assert record.getMessage() == "cannot reach redis://:***@h:6379/0 (3 tries)"
     plain = logger.makeRecord(logger.name, logging.INFO, __file__, 1, "step %d", (5,), None)

@@ -66,19 +66,38 @@ def test_per_stage_learning_rates_decay_from_the_top_block_down_to_the_stem():
 
 
 def test_a_transfer_run_unfreezes_its_stages_one_by_one(tmp_path, planted):
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_classes": 3, "num_samples": 48, "size": 32, "channels": 3},
-        "model": {"name": NAME, "pretrained": True, "transfer": "finetune_last_n", "last_n": 1, "unfreeze_every": 1,
-                  "lr_decay": 0.5},
-        "train": {"epochs": 3, "batch_size": 8, "steps_per_epoch": 2, "log_every": 1, "diag_every": 1,
-                  "early_stopping": {"enabled": False}},
-        "export": {"formats": []}, "checkpoint": {"save_last": False, "save_best": False}, "device": "cpu", "seed": 0,
-    })
+    spec = RunSpec.from_dict(
+        {
+            "data": {"name": "synthetic", "num_classes": 3, "num_samples": 48, "size": 32, "channels": 3},
+            "model": {
+                "name": NAME,
+                "pretrained": True,
+                "transfer": "finetune_last_n",
+                "last_n": 1,
+                "unfreeze_every": 1,
+                "lr_decay": 0.5,
+            },
+            "train": {
+                "epochs": 3,
+                "batch_size": 8,
+                "steps_per_epoch": 2,
+                "log_every": 1,
+                "diag_every": 1,
+                "early_stopping": {"enabled": False},
+            },
+            "export": {"formats": []},
+            "checkpoint": {"save_last": False, "save_best": False},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     sink = MemorySink()
     summary = run_training(spec, tmp_path / "run", sink)
     assert summary["status"] == "completed", summary["error"]
     unfrozen = [e["data"]["stages"] for e in sink.events if e["data"].get("code") == "unfreeze"]
-    assert unfrozen == [["trunk_output.block3", "trunk_output.block4", "head"],
-                        ["trunk_output.block2", "trunk_output.block3", "trunk_output.block4", "head"]]
+    assert unfrozen == [
+        ["trunk_output.block3", "trunk_output.block4", "head"],
+        ["trunk_output.block2", "trunk_output.block3", "trunk_output.block4", "head"],
+    ]
     grads = {k for _, _, values in sink.metric_rows for k in values if k.startswith("grad_norm/")}
     assert {"grad_norm/trunk_output.block4", "grad_norm/head"} <= grads

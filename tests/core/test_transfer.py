@@ -39,12 +39,16 @@ def _folder(root: Path, classes: list[str], seed: int, per_class: int = 8, size:
 
 
 def _spec(path: Path, **model: object) -> RunSpec:
-    return RunSpec.from_dict({
-        "data": {"name": "imagefolder", "path": str(path), "image_size": 8, "val_fraction": 0.25},
-        "model": {"name": "simple_cnn", "hidden": 16, **model},
-        "train": {"epochs": 2, "batch_size": 8, "log_every": 1, "early_stopping": {"enabled": False}},
-        "export": {"formats": []}, "device": "cpu", "seed": 0,
-    })
+    return RunSpec.from_dict(
+        {
+            "data": {"name": "imagefolder", "path": str(path), "image_size": 8, "val_fraction": 0.25},
+            "model": {"name": "simple_cnn", "hidden": 16, **model},
+            "train": {"epochs": 2, "batch_size": 8, "log_every": 1, "early_stopping": {"enabled": False}},
+            "export": {"formats": []},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
 
 
 def _checkpoint(path: Path, classes: list[str] | None, seed: int = 1, name: str = "simple_cnn") -> tuple[Path, dict]:
@@ -112,11 +116,16 @@ def test_frozen_batchnorm_statistics_do_not_move_in_an_epoch(tmp_path, transfer,
     torch.manual_seed(3)
     weights = tmp_path / "r18.pt"
     torch.save(build_model(ModelSpec(name="resnet18"), 5, 3, 8).state_dict(), weights)
-    spec = RunSpec.from_dict({
-        "data": {"name": "synthetic", "num_classes": 5, "num_samples": 24, "size": 8, "channels": 3},
-        "model": {"name": "resnet18", "weights_file": str(weights), "transfer": transfer, "last_n": 1},
-        "train": {"epochs": 1, "batch_size": 16}, "export": {"formats": []}, "device": "cpu", "seed": 0,
-    })
+    spec = RunSpec.from_dict(
+        {
+            "data": {"name": "synthetic", "num_classes": 5, "num_samples": 24, "size": 8, "channels": 3},
+            "model": {"name": "resnet18", "weights_file": str(weights), "transfer": transfer, "last_n": 1},
+            "train": {"epochs": 1, "batch_size": 16},
+            "export": {"formats": []},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     seed_everything(0, False)
     t = build_trainer(spec, tmp_path, MemorySink(), NeverStop(), torch.device("cpu"))
     before = _norm_stats(t.model)
@@ -153,7 +162,9 @@ def test_unfreeze_every_unfreezes_one_more_stage_from_the_top():
 def test_unfreezing_is_announced_and_last_n_counts_the_registrys_stages(tmp_path):
     path, _ = _checkpoint(tmp_path / "a.pt", A)
     sink = MemorySink()
-    spec = _spec(_folder(tmp_path / "B", B, seed=1), weights_file=str(path), transfer="feature_extract", unfreeze_every=1)
+    spec = _spec(
+        _folder(tmp_path / "B", B, seed=1), weights_file=str(path), transfer="feature_extract", unfreeze_every=1
+    )
     spec = spec.model_copy(update={"train": spec.train.model_copy(update={"epochs": 3})})
     assert run_training(spec, tmp_path / "run", sink)["status"] == "completed"
     unfreezes = [e["data"]["stages"] for e in sink.events if e["data"].get("code") == "unfreeze"]
@@ -168,8 +179,9 @@ def test_unfreezing_is_announced_and_last_n_counts_the_registrys_stages(tmp_path
 
 def test_lr_decay_gives_each_stage_further_from_the_head_a_smaller_rate(tmp_path):
     path, _ = _checkpoint(tmp_path / "a.pt", A)
-    spec = ModelSpec(name="simple_cnn", hidden=16, weights_file=str(path), transfer="finetune", backbone_lr_mult=0.1,
-                     lr_decay=0.5)
+    spec = ModelSpec(
+        name="simple_cnn", hidden=16, weights_file=str(path), transfer="finetune", backbone_lr_mult=0.1, lr_decay=0.5
+    )
     model = build_model(spec, 5, 1, 8, B)
     opt = build_optimizer(model, OptimSpec(lr=1e-2), spec)
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}

@@ -60,8 +60,9 @@ def test_a_megabyte_of_base60_is_refused_within_bounds_in_a_process_of_its_own(t
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
         resource.setrlimit(resource.RLIMIT_CPU, (20, 20))
 
-    done = subprocess.run([TORCHDECK, "validate", str(spec)], capture_output=True, text=True, timeout=300,
-                          preexec_fn=cap, cwd=ROOT)
+    done = subprocess.run(
+        [TORCHDECK, "validate", str(spec)], capture_output=True, text=True, timeout=300, preexec_fn=cap, cwd=ROOT
+    )
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert "seed" in done.stderr and "valid integer" in done.stderr and "Traceback" not in done.stderr
 
@@ -70,28 +71,43 @@ def test_a_megabyte_of_base60_is_refused_within_bounds_in_a_process_of_its_own(t
 def test_an_integer_of_5000_digits_is_refused_naming_its_field_never_a_traceback(where):
     """Python refuses int() of more than 4,300 digits with a ValueError, which escaped as a traceback."""
     big = "7" * 5000
-    text = {"seed": f"seed: {big}", "train.epochs": f"train: {{epochs: {big}}}",
-            "schedule.milestones[1]": f"schedule: {{name: multistep, milestones: [3, {big}]}}",
-            "a key of train": f"train:\n  ? {big}\n  : 1"}[where]
+    text = {
+        "seed": f"seed: {big}",
+        "train.epochs": f"train: {{epochs: {big}}}",
+        "schedule.milestones[1]": f"schedule: {{name: multistep, milestones: [3, {big}]}}",
+        "a key of train": f"train:\n  ? {big}\n  : 1",
+    }[where]
     message, peak_mb = _refused(text + "\n")
-    assert f"the spec: {where} is a number of 5,000 characters; at most {bounded_yaml.MAX_NUMBER_CHARS} are read" \
-        in message, message
+    assert (
+        f"the spec: {where} is a number of 5,000 characters; at most {bounded_yaml.MAX_NUMBER_CHARS} are read"
+        in message
+    ), message
     assert peak_mb < 50
     with pytest.raises(SpecError) as e:  # a --set value: the override's field
         apply_overrides({}, [f"seed={big}"])
     assert e.value.errors[0][0] == "seed" and "is a number of 5,000 characters" in str(e.value)
 
 
-@pytest.mark.parametrize("text", ["seed: !!int abc", "seed: !!float 1x", "deterministic: !!bool maybe",
-                                  "name: !!timestamp someday", "seed: !!float " + "9" * 200])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seed: !!int abc",
+        "seed: !!float 1x",
+        "deterministic: !!bool maybe",
+        "name: !!timestamp someday",
+        "seed: !!float " + "9" * 200,
+    ],
+)
 def test_a_value_its_tag_does_not_fit_is_a_spec_error_naming_the_field(text):
     message, _ = _refused(text + "\n")
     assert f"the spec: {text.split(':')[0]} is " in message, message
 
 
 def test_numbers_users_write_still_read():
-    spec = RunSpec.from_yaml("seed: 0x10\ntrain: {epochs: 1_000, batch_size: 0o20}\noptim: {lr: 3.0e-4, "
-                             "weight_decay: .5}\nschedule: {name: multistep, milestones: [+3, 010]}\n")
+    spec = RunSpec.from_yaml(
+        "seed: 0x10\ntrain: {epochs: 1_000, batch_size: 0o20}\noptim: {lr: 3.0e-4, "
+        "weight_decay: .5}\nschedule: {name: multistep, milestones: [+3, 010]}\n"
+    )
     assert (spec.seed, spec.train.epochs, spec.train.batch_size) == (16, 1000, 16)
     assert (spec.optim.lr, spec.optim.weight_decay, spec.schedule.milestones) == (3e-4, 0.5, [3, 8])
     assert bounded_yaml.load("x: [-.inf, .NaN, 1.5e+3, -7, 0b101]")["x"][2:] == [1500.0, -7, 5]

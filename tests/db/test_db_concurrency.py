@@ -80,13 +80,14 @@ def test_eight_writers_and_a_reader_lose_nothing_and_never_lock(engine: Engine) 
 
     with connection_scope(engine) as conn:
         for run_id in run_ids:
-            stored = conn.execute(text(
-                "SELECT count(*), count(DISTINCT step), sum(step) FROM metric WHERE run_id = :r AND key = :k"
-            ), {"r": run_id, "k": "train/loss"}).one()
+            stored = conn.execute(
+                text("SELECT count(*), count(DISTINCT step), sum(step) FROM metric WHERE run_id = :r AND key = :k"),
+                {"r": run_id, "k": "train/loss"},
+            ).one()
             assert tuple(stored) == (STEPS, STEPS, STEPS * (STEPS - 1) // 2)
-            per_level = conn.execute(text(
-                "SELECT level, sum(count) FROM metric_rollup WHERE run_id = :r GROUP BY level"
-            ), {"r": run_id}).all()
+            per_level = conn.execute(
+                text("SELECT level, sum(count) FROM metric_rollup WHERE run_id = :r GROUP BY level"), {"r": run_id}
+            ).all()
             assert {int(total) for _, total in per_level} == {POINTS_PER_WRITER}
     for run_id in run_ids:
         chart = repo.series(engine, run_id, "train/loss")
@@ -103,14 +104,19 @@ def test_a_delete_racing_a_claim_on_postgres_never_deletes_a_claimed_run(engine:
     outcome: list[BaseException | list[str]] = []
     with engine.connect() as claim:
         claim.begin()
-        claim.execute(text("UPDATE run SET status = 'running', worker_id = 'w1', attempt = 1 WHERE id = :r"),
-                      {"r": run.id})
+        claim.execute(
+            text("UPDATE run SET status = 'running', worker_id = 'w1', attempt = 1 WHERE id = :r"), {"r": run.id}
+        )
         deleting = threading.Thread(target=lambda: outcome.append(_try_delete(engine, run.id)))
         deleting.start()
         deadline = time.monotonic() + TIMEOUT_S
         with make_engine(engine.url.render_as_string(hide_password=False)).connect() as watch:
-            while not watch.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                         "AND datname = current_database()")).scalar():
+            while not watch.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar():
                 assert time.monotonic() < deadline and deleting.is_alive(), f"the delete did not wait: {outcome}"
                 time.sleep(0.05)
         claim.commit()

@@ -31,13 +31,23 @@ def _where(engine: Engine, expression: str, **filters) -> set[str]:
 def runs(engine: Engine) -> dict[str, repo.RunRecord]:
     """Four runs: two resnet18 (one at lr 1e-3, batch 128, pretrained), an mlp, and one without metrics."""
     made = {
-        "res-small-lr": repo.create_run(engine, _spec(model={"name": "resnet18", "pretrained": True},
-                                                      optim={"lr": 1e-3}, train={"batch_size": 128}),
-                                        name="res-small-lr", owner="ana", tags=["resnet", "keep"]),
-        "res-big-lr": repo.create_run(engine, _spec(model={"name": "resnet18"}, optim={"lr": 0.1}, seed=7),
-                                      name="res-big-lr", owner="bob", tags=["resnet"]),
-        "mlp": repo.create_run(engine, _spec(model={"name": "mlp"}, optim={"lr": 5e-4, "name": "sgd"}),
-                               name="mlp", owner="bob"),
+        "res-small-lr": repo.create_run(
+            engine,
+            _spec(model={"name": "resnet18", "pretrained": True}, optim={"lr": 1e-3}, train={"batch_size": 128}),
+            name="res-small-lr",
+            owner="ana",
+            tags=["resnet", "keep"],
+        ),
+        "res-big-lr": repo.create_run(
+            engine,
+            _spec(model={"name": "resnet18"}, optim={"lr": 0.1}, seed=7),
+            name="res-big-lr",
+            owner="bob",
+            tags=["resnet"],
+        ),
+        "mlp": repo.create_run(
+            engine, _spec(model={"name": "mlp"}, optim={"lr": 5e-4, "name": "sgd"}), name="mlp", owner="bob"
+        ),
         "fresh": repo.create_run(engine, _spec(), name="fresh", owner="ana"),
     }
     # val/acc rises to its last value; res-big-lr peaks early then collapses (max 0.95, last 0.5).
@@ -92,7 +102,9 @@ def test_status_owner_tag_sweep_and_parent_clauses(engine: Engine, runs: dict) -
     sweep = repo.create_sweep(engine, {"base": _spec()}, name="s", owner="ana")
     repo.add_trial(engine, sweep, 0, {"optim.lr": 0.01}, {}, [(_spec(optim={"lr": 0.01}), "trial-0")])
     assert _where(engine, f"sweep == {sweep.id}") == {"trial-0"}
-    assert "trial-0" not in _where(engine, f"sweep != {sweep.id}") and child.name in _where(engine, f"sweep != {sweep.id}")
+    assert "trial-0" not in _where(engine, f"sweep != {sweep.id}") and child.name in _where(
+        engine, f"sweep != {sweep.id}"
+    )
 
 
 def test_an_owner_is_found_by_the_verified_e_mail_of_their_account(engine: Engine) -> None:
@@ -146,37 +158,42 @@ def test_a_run_without_a_name_gets_its_dataset_model_and_short_id(engine: Engine
 def test_an_expression_reads_into_clauses() -> None:
     assert parse("") == () and parse("   ") == ()
     assert parse("val/acc > 0.9 and optim.lr <= 1e-3") == (
-        Clause("metric", "val/acc", ">", 0.9), Clause("spec", "optim.lr", "<=", 0.001))
+        Clause("metric", "val/acc", ">", 0.9),
+        Clause("spec", "optim.lr", "<=", 0.001),
+    )
     assert parse("max( val/loss )<2") == (Clause("metric", "val/loss", "<", 2.0, "max"),)
     assert parse("status = completed") == (Clause("status", "status", "==", "completed"),)
     assert parse("lr > 0.01")[0].kind == "metric"  # a word that is no field is a metric key
     assert parse('tag == "two words"') == (Clause("tag", "tag", "==", "two words"),)
 
 
-@pytest.mark.parametrize(("expression", "message"), [
-    ("val/acc => 0.9", "unknown operator '=>' at position 9; use one of > >= < <= == !="),
-    ("val/acc 0.9", "expected an operator at position 9, found '0.9'"),
-    ("val/acc >", "expected a value at position 10 after '>'"),
-    ("optim.lrr < 1", "unknown spec field 'optim.lrr' at position 1; did you mean optim.lr"),
-    ("optm.lr < 1", "did you mean optim.lr"),
-    ("train.batch < 1", "did you mean train.batch_size"),
-    ("val/acc > high", "'val/acc' is a metric and is compared with a number, not 'high' (position 11)"),
-    ("stauts == running", "did you mean status"),
-    ("status == done", "unknown status 'done' at position 11; known: queued, running"),
-    ("status > running", "status at position 1 is compared with == or !=, not '>'"),
-    ("model.name > resnet18", "model.name at position 1 is compared with == or !=, not '>'"),
-    ("model.name == resnet81", "model.name is one of mlp, simple_cnn"),
-    ("optim.lr == fast", "optim.lr is a number: 'fast' at position 13 is not one"),
-    ("model.pretrained == yes", "model.pretrained is true or false: 'yes' at position 21 is neither"),
-    ("export.formats == onnx", "export.formats holds a list"),
-    ("val/acc > 0.9 or val/acc < 0.1", "'or' at position 15: only 'and' joins conditions"),
-    ("val/acc > 0.9 optim.lr < 1", "expected 'and' at position 15, found 'optim.lr'"),
-    ("val/acc > 0.9 and", "nothing after 'and' at position 15"),
-    ("avg(val/acc) > 1", "unknown function 'avg' at position 1; use one of last(...), max(...), min(...)"),
-    ("max(val/acc > 1", "max( at position 1 needs a metric key and a closing ')'"),
-    ('tag == "open', "unclosed quote at position 8"),
-    ("> 1", "expected a metric or a field at position 1, found '>'"),
-])
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("val/acc => 0.9", "unknown operator '=>' at position 9; use one of > >= < <= == !="),
+        ("val/acc 0.9", "expected an operator at position 9, found '0.9'"),
+        ("val/acc >", "expected a value at position 10 after '>'"),
+        ("optim.lrr < 1", "unknown spec field 'optim.lrr' at position 1; did you mean optim.lr"),
+        ("optm.lr < 1", "did you mean optim.lr"),
+        ("train.batch < 1", "did you mean train.batch_size"),
+        ("val/acc > high", "'val/acc' is a metric and is compared with a number, not 'high' (position 11)"),
+        ("stauts == running", "did you mean status"),
+        ("status == done", "unknown status 'done' at position 11; known: queued, running"),
+        ("status > running", "status at position 1 is compared with == or !=, not '>'"),
+        ("model.name > resnet18", "model.name at position 1 is compared with == or !=, not '>'"),
+        ("model.name == resnet81", "model.name is one of mlp, simple_cnn"),
+        ("optim.lr == fast", "optim.lr is a number: 'fast' at position 13 is not one"),
+        ("model.pretrained == yes", "model.pretrained is true or false: 'yes' at position 21 is neither"),
+        ("export.formats == onnx", "export.formats holds a list"),
+        ("val/acc > 0.9 or val/acc < 0.1", "'or' at position 15: only 'and' joins conditions"),
+        ("val/acc > 0.9 optim.lr < 1", "expected 'and' at position 15, found 'optim.lr'"),
+        ("val/acc > 0.9 and", "nothing after 'and' at position 15"),
+        ("avg(val/acc) > 1", "unknown function 'avg' at position 1; use one of last(...), max(...), min(...)"),
+        ("max(val/acc > 1", "max( at position 1 needs a metric key and a closing ')'"),
+        ('tag == "open', "unclosed quote at position 8"),
+        ("> 1", "expected a metric or a field at position 1, found '>'"),
+    ],
+)
 def test_an_unreadable_expression_says_what_is_wrong_and_where(expression: str, message: str) -> None:
     with pytest.raises(FilterError) as caught:
         parse(expression)

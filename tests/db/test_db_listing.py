@@ -18,17 +18,18 @@ SPEC = {"model": {"name": "mlp"}}
 def runs(engine: Engine) -> dict[str, repo.RunRecord]:
     """Six runs of two owners in several states, with a val/acc each."""
     made = {}
-    for i, (name, owner, tags) in enumerate([
-        ("resnet lr=0.1", "ada", ["sweep", "resnet"]),
-        ("resnet lr=0.01", "ada", ["sweep", "resnet"]),
-        ("mlp baseline", "bob", ["baseline"]),
-        ("mlp 50% dropout", "bob", []),
-        ("vit tiny", "ada", ["sweep"]),
-        ("cnn_small", "bob", []),
-    ]):
+    for i, (name, owner, tags) in enumerate(
+        [
+            ("resnet lr=0.1", "ada", ["sweep", "resnet"]),
+            ("resnet lr=0.01", "ada", ["sweep", "resnet"]),
+            ("mlp baseline", "bob", ["baseline"]),
+            ("mlp 50% dropout", "bob", []),
+            ("vit tiny", "ada", ["sweep"]),
+            ("cnn_small", "bob", []),
+        ]
+    ):
         run = repo.create_run(engine, SPEC, name=name, owner=owner, tags=tags)
-        repo.append_metrics(engine, run.id, [MetricPoint("val/acc", s, 0.5 + i * 0.05 + s * 0.001)
-                                             for s in range(10)])
+        repo.append_metrics(engine, run.id, [MetricPoint("val/acc", s, 0.5 + i * 0.05 + s * 0.001) for s in range(10)])
         made[name] = run
     repo.claim_run(engine, made["resnet lr=0.1"].id, "w1")
     repo.claim_run(engine, made["mlp baseline"].id, "w1")

@@ -21,24 +21,28 @@ SPEC = {"model": {"name": "mlp"}}
 def _rollup_rows(engine: Engine, run_id: str) -> list[tuple]:
     """The run's rollup, without the run id, in a stable order."""
     with connection_scope(engine) as conn:
-        rows = conn.execute(text(
-            "SELECT level, key, bucket, count, nonfinite, min_step, min_value, max_step, max_value,"
-            " first_step, first_value, last_step, last_value FROM metric_rollup"
-            " WHERE run_id = :r ORDER BY level, key, bucket"), {"r": run_id}).all()
+        rows = conn.execute(
+            text(
+                "SELECT level, key, bucket, count, nonfinite, min_step, min_value, max_step, max_value,"
+                " first_step, first_value, last_step, last_value FROM metric_rollup"
+                " WHERE run_id = :r ORDER BY level, key, bucket"
+            ),
+            {"r": run_id},
+        ).all()
     return [tuple(row) for row in rows]
 
 
 def _stored(engine: Engine, run_id: str) -> list[tuple]:
     with connection_scope(engine) as conn:
-        rows = conn.execute(text(
-            "SELECT key, step, epoch, value, nonfinite FROM metric WHERE run_id = :r ORDER BY key, step"
-        ), {"r": run_id}).all()
+        rows = conn.execute(
+            text("SELECT key, step, epoch, value, nonfinite FROM metric WHERE run_id = :r ORDER BY key, step"),
+            {"r": run_id},
+        ).all()
     return [tuple(row) for row in rows]
 
 
 def _points(n: int, start: int = 0, key: str = "train/loss") -> list[MetricPoint]:
-    return [MetricPoint(key, s, 1.0 / (s + 1) + (s % 7) * 0.01, epoch=s // 100)
-            for s in range(start, start + n)]
+    return [MetricPoint(key, s, 1.0 / (s + 1) + (s % 7) * 0.01, epoch=s // 100) for s in range(start, start + n)]
 
 
 def test_reappending_a_batch_changes_nothing(engine: Engine) -> None:
@@ -117,8 +121,13 @@ def _same(a: float, b: float) -> bool:
 
 def test_nan_and_inf_are_stored_flagged_and_kept_out_of_extremes(engine: Engine) -> None:
     run = repo.create_run(engine, SPEC)
-    points = [MetricPoint("loss", 0, 2.0), MetricPoint("loss", 1, math.inf), MetricPoint("loss", 2, 1.0),
-              MetricPoint("loss", 3, -math.inf), MetricPoint("loss", 4, math.nan)]
+    points = [
+        MetricPoint("loss", 0, 2.0),
+        MetricPoint("loss", 1, math.inf),
+        MetricPoint("loss", 2, 1.0),
+        MetricPoint("loss", 3, -math.inf),
+        MetricPoint("loss", 4, math.nan),
+    ]
     assert repo.append_metrics(engine, run.id, points) == 5
     chart = repo.series(engine, run.id, "loss")
     assert chart.steps == (0, 1, 2, 3, 4)
@@ -134,8 +143,9 @@ def test_nan_and_inf_are_stored_flagged_and_kept_out_of_extremes(engine: Engine)
 def test_points_keep_their_epoch_and_wall_time(engine: Engine) -> None:
     run = repo.create_run(engine, SPEC)
     before = time.time()
-    repo.append_metrics(engine, run.id, [MetricPoint("acc", 10, 0.5, epoch=2, wall_time=1234.5),
-                                         MetricPoint("acc", 11, 0.6, epoch=2)])
+    repo.append_metrics(
+        engine, run.id, [MetricPoint("acc", 10, 0.5, epoch=2, wall_time=1234.5), MetricPoint("acc", 11, 0.6, epoch=2)]
+    )
     with connection_scope(engine) as conn:
         rows = conn.execute(text("SELECT step, epoch, wall_time FROM metric ORDER BY step")).all()
     assert rows[0] == (10, 2, 1234.5)
@@ -153,8 +163,7 @@ def test_metric_keys_lists_every_key_once(engine: Engine) -> None:
 @pytest.mark.parametrize(
     ("point", "message"),
     [
-        (MetricPoint("k" * (KEY_LEN + 1), 0, 1.0),
-         f"is {KEY_LEN + 1} characters long; the limit is {KEY_LEN}"),
+        (MetricPoint("k" * (KEY_LEN + 1), 0, 1.0), f"is {KEY_LEN + 1} characters long; the limit is {KEY_LEN}"),
         (MetricPoint("", 0, 1.0), "non-empty"),
         (MetricPoint("loss", -1, 1.0), "step -1 is outside"),
         (MetricPoint("loss", 2**63, 1.0), "is outside"),
@@ -199,13 +208,23 @@ def test_a_large_mixed_batch_is_stored_exactly(engine: Engine) -> None:
     """Sizes that cross the bulk statements' row counts, several keys, non-finite values among them."""
     run = repo.create_run(engine, SPEC)
     special = {7: math.nan, 600: math.inf, 1400: -math.inf}
-    points = [MetricPoint(key, s, special.get(s, s * 0.5) if key == "a" else -s, epoch=s // 100,
-                          wall_time=1000.0 + s)
-              for key, n in (("a", 1537), ("b", 513), ("c", 1)) for s in range(n)]
+    points = [
+        MetricPoint(key, s, special.get(s, s * 0.5) if key == "a" else -s, epoch=s // 100, wall_time=1000.0 + s)
+        for key, n in (("a", 1537), ("b", 513), ("c", 1))
+        for s in range(n)
+    ]
     assert repo.append_metrics(engine, run.id, points) == 1537 + 513 + 1
     stored = _stored(engine, run.id)
-    expected = [(p.key, p.step, p.epoch, None if isinstance(p.value, float) and math.isnan(p.value) else p.value,
-                 p.step in special and p.key == "a") for p in sorted(points, key=lambda p: (p.key, p.step))]
+    expected = [
+        (
+            p.key,
+            p.step,
+            p.epoch,
+            None if isinstance(p.value, float) and math.isnan(p.value) else p.value,
+            p.step in special and p.key == "a",
+        )
+        for p in sorted(points, key=lambda p: (p.key, p.step))
+    ]
     assert [(k, s, e, v, bool(f)) for k, s, e, v, f in stored] == expected
     summary = repo.get_run(engine, run.id).metrics
     assert (summary["a"].count, summary["a"].nonfinite, summary["a"].max_value) == (1537, 3, 1536 * 0.5)

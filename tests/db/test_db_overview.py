@@ -20,19 +20,26 @@ def _run(engine, name: str) -> str:
 
 def _count_queries(engine) -> list[str]:
     seen: list[str] = []
-    event.listen(engine, "before_cursor_execute",
-                 lambda *a: seen.append(a[2]) if a[2].lstrip().upper().startswith("SELECT") else None)
+    event.listen(
+        engine,
+        "before_cursor_execute",
+        lambda *a: seen.append(a[2]) if a[2].lstrip().upper().startswith("SELECT") else None,
+    )
     return seen
 
 
 def test_findings_give_each_runs_latest_warning_or_error_and_their_count(engine):
     a, b, c = _run(engine, "a"), _run(engine, "b"), _run(engine, "c")
-    repo.append_events(engine, a, [
-        EventInput("diagnosis", "warning", "loss is not decreasing", code="loss_not_decreasing"),
-        EventInput("diagnosis", "error", "loss became nan", code="nonfinite_loss"),
-        EventInput("diagnosis", "info", "all good again"),  # not a finding
-        EventInput("lifecycle", "error", "worker lost"),  # not a diagnosis
-    ])
+    repo.append_events(
+        engine,
+        a,
+        [
+            EventInput("diagnosis", "warning", "loss is not decreasing", code="loss_not_decreasing"),
+            EventInput("diagnosis", "error", "loss became nan", code="nonfinite_loss"),
+            EventInput("diagnosis", "info", "all good again"),  # not a finding
+            EventInput("lifecycle", "error", "worker lost"),  # not a diagnosis
+        ],
+    )
     repo.append_events(engine, b, [EventInput("diagnosis", "warning", "overfitting", code="overfitting")])
     repo.append_events(engine, c, [EventInput("evaluation", "info", "epoch 1")])
     queries = _count_queries(engine)
@@ -46,14 +53,32 @@ def test_findings_give_each_runs_latest_warning_or_error_and_their_count(engine)
 
 def test_curves_are_small_whatever_the_series_length_and_cost_two_queries(engine):
     long, short = _run(engine, "long"), _run(engine, "short")
-    repo.append_metrics(engine, long, [MetricPoint("train/loss", s, 2.0 / s) for s in range(1, 5001)]
-                        + [MetricPoint("val/acc", s * 250, s / 20) for s in range(1, 21)])
-    repo.append_metrics(engine, short, [MetricPoint("train/loss", s, float(s)) for s in range(1, 11)]
-                        + [MetricPoint("train/loss", 11, math.nan)]
-                        + [MetricPoint("val/loss", s, 1.0) for s in range(1, 201)])
+    repo.append_metrics(
+        engine,
+        long,
+        [MetricPoint("train/loss", s, 2.0 / s) for s in range(1, 5001)]
+        + [MetricPoint("val/acc", s * 250, s / 20) for s in range(1, 21)],
+    )
+    repo.append_metrics(
+        engine,
+        short,
+        [MetricPoint("train/loss", s, float(s)) for s in range(1, 11)]
+        + [MetricPoint("train/loss", 11, math.nan)]
+        + [MetricPoint("val/loss", s, 1.0) for s in range(1, 201)],
+    )
     queries = _count_queries(engine)
-    got = overview.curves(engine, [(long, "train/loss"), (long, "val/acc"), (short, "train/loss"),
-                                   (short, "val/loss"), (short, "val/acc"), ("nope", "train/loss")], points=64)
+    got = overview.curves(
+        engine,
+        [
+            (long, "train/loss"),
+            (long, "val/acc"),
+            (short, "train/loss"),
+            (short, "val/loss"),
+            (short, "val/acc"),
+            ("nope", "train/loss"),
+        ],
+        points=64,
+    )
     assert len(queries) == 2
     assert set(got) == {(long, "train/loss"), (long, "val/acc"), (short, "train/loss"), (short, "val/loss")}
     assert got[(short, "train/loss")] == [float(s) for s in range(1, 11)]  # raw, the NaN left out

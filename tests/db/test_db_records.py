@@ -14,10 +14,14 @@ from db.types import EventInput
 
 def test_events_are_polled_incrementally(engine: Engine) -> None:
     run = repo.create_run(engine, {})
-    repo.append_events(engine, run.id, [
-        EventInput("lifecycle", "info", "claimed by w1"),
-        EventInput("diagnosis", "warning", "loss is flat", code="flat_loss", data={"slope": math.nan}),
-    ])
+    repo.append_events(
+        engine,
+        run.id,
+        [
+            EventInput("lifecycle", "info", "claimed by w1"),
+            EventInput("diagnosis", "warning", "loss is flat", code="flat_loss", data={"slope": math.nan}),
+        ],
+    )
     first = repo.list_events(engine, run.id)
     assert [e.message for e in first] == ["claimed by w1", "loss is flat"]
     assert first[1].code == "flat_loss" and first[1].data == {"slope": "nan"}
@@ -36,8 +40,15 @@ def test_bad_events_are_refused(engine: Engine) -> None:
 
 def test_artifacts_have_opaque_ids_and_keep_their_details(engine: Engine) -> None:
     run = repo.create_run(engine, {})
-    onnx = repo.add_artifact(engine, run.id, "onnx", "file:///data/runs/x/model.onnx", size=1234,
-                             sha256="ab" * 32, meta={"opset": 17, "max_abs_diff": 1e-6})
+    onnx = repo.add_artifact(
+        engine,
+        run.id,
+        "onnx",
+        "file:///data/runs/x/model.onnx",
+        size=1234,
+        sha256="ab" * 32,
+        meta={"opset": 17, "max_abs_diff": 1e-6},
+    )
     ckpt = repo.add_artifact(engine, run.id, "checkpoint", "file:///data/runs/x/last.pt")
     assert re.fullmatch(r"[0-9a-f]{32}", onnx.id) and onnx.id != ckpt.id
     assert "/" not in onnx.id and "model" not in onnx.id
@@ -52,8 +63,9 @@ def test_artifacts_have_opaque_ids_and_keep_their_details(engine: Engine) -> Non
 
 
 def test_workers_register_and_refresh(engine: Engine) -> None:
-    first = repo.upsert_worker(engine, "gpu0@host", hostname="host", queues=["gpu"],
-                               devices=[{"name": "NVIDIA H100", "memory_gb": 80}])
+    first = repo.upsert_worker(
+        engine, "gpu0@host", hostname="host", queues=["gpu"], devices=[{"name": "NVIDIA H100", "memory_gb": 80}]
+    )
     run = repo.create_run(engine, {})
     again = repo.upsert_worker(engine, "gpu0@host", hostname="host", queues=["gpu"], current_run_id=run.id)
     assert again.started_at == first.started_at and again.heartbeat_at >= first.heartbeat_at
@@ -70,8 +82,9 @@ def test_datasets_crud(engine: Engine) -> None:
     assert made.status == "pending" and made.classes == ()
     with pytest.raises(ValueError, match="already exists"):
         repo.create_dataset(engine, "flowers", "file:///elsewhere")
-    ready = repo.update_dataset(engine, made.id, status="ready", classes=["daisy", "rose"],
-                                counts={"train": 80, "val": 20})
+    ready = repo.update_dataset(
+        engine, made.id, status="ready", classes=["daisy", "rose"], counts={"train": 80, "val": 20}
+    )
     assert ready.status == "ready" and ready.classes == ("daisy", "rose") and ready.counts["val"] == 20
     broken = repo.create_dataset(engine, "broken", "file:///data/uploads/broken.zip")
     repo.update_dataset(engine, broken.id, status="failed", error="no class folders in the zip")

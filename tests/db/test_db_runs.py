@@ -221,6 +221,4 @@ def test_bad_run_fields_are_refused_before_writing(engine: Engine) -> None:
 
 def _age_heartbeat(engine: Engine, run_id: str, seconds: float) -> None:
     with connection_scope(engine, write=True) as conn:
-        conn.execute(
-            update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow() - timedelta(seconds=seconds))
-        )
+        conn.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow() - timedelta(seconds=seconds)))

@@ -16,8 +16,21 @@ from db.errors import SchemaOutOfDate
 from db.migrate import check_schema, current_revision, downgrade, head_revision, upgrade
 from db.models import Base
 
-TABLES = {"run", "run_tag", "metric", "metric_rollup", "event", "artifact", "worker", "dataset", "account", "sweep",
-          "sweep_trial", "sweep_decision", "follow"}
+TABLES = {
+    "run",
+    "run_tag",
+    "metric",
+    "metric_rollup",
+    "event",
+    "artifact",
+    "worker",
+    "dataset",
+    "account",
+    "sweep",
+    "sweep_trial",
+    "sweep_decision",
+    "follow",
+}
 
 
 def test_upgrade_creates_every_table_at_head(database_url: str) -> None:
@@ -59,9 +72,7 @@ def test_upgrade_twice_keeps_the_data(engine: Engine) -> None:
     assert repo.get_run(engine, run.id).spec == {"lr": 0.1}
 
 
-def test_the_environment_chooses_the_database(
-    database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
+def test_the_environment_chooses_the_database(database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     # Plain postgresql:// URLs (as users write them) go to psycopg 3.
     plain = database_url.replace("postgresql+psycopg://", "postgresql://")
     monkeypatch.setenv("TORCHDECK_DATABASE_URL", plain)
@@ -140,11 +151,15 @@ def test_0003_keys_owners_on_identities_and_a_downgrade_keeps_them(database_url:
     engine = make_engine(database_url)
     try:
         with engine.begin() as conn:  # the schema of 0002 (today's models have columns it lacks)
-            conn.exec_driver_sql("INSERT INTO run (id, name, owner, status, spec, spec_hash, created_at, attempt, summary, "
-                                 "cancel_requested) VALUES ('r-old', 'old', 'ana@example.com', 'queued', '{}', 'h', "
-                                 "'2026-01-01 00:00:00+00:00', 0, '{}', false)")
-            conn.exec_driver_sql("INSERT INTO dataset (id, name, uri, classes, counts, status, created_at) VALUES "
-                                 "('d1', 'pets', '/data/pets', '[]', '{}', 'ready', '2026-01-01 00:00:00+00:00')")
+            conn.exec_driver_sql(
+                "INSERT INTO run (id, name, owner, status, spec, spec_hash, created_at, attempt, summary, "
+                "cancel_requested) VALUES ('r-old', 'old', 'ana@example.com', 'queued', '{}', 'h', "
+                "'2026-01-01 00:00:00+00:00', 0, '{}', false)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO dataset (id, name, uri, classes, counts, status, created_at) VALUES "
+                "('d1', 'pets', '/data/pets', '[]', '{}', 'ready', '2026-01-01 00:00:00+00:00')"
+            )
         upgrade(database_url)
         key = "https://sso.example.com/realms/a-rather-long-realm-name/protocol/openid-connect#" + "f" * 250
         new = repo.create_run(engine, {"lr": 0.2}, owner=key)

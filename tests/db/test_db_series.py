@@ -28,7 +28,7 @@ def _walk(n: int, seed: int, start: int = 0, stride: int = 1) -> dict[int, float
 def _append(engine: Engine, run_id: str, data: dict[int, float], key: str = "loss") -> None:
     points = [MetricPoint(key, s, v) for s, v in data.items()]
     for i in range(0, len(points), 7000):
-        repo.append_metrics(engine, run_id, points[i:i + 7000])
+        repo.append_metrics(engine, run_id, points[i : i + 7000])
 
 
 def _assert_faithful(chart: Series, data: dict[int, float], max_points: int, aligned_to: int) -> None:

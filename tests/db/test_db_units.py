@@ -21,8 +21,11 @@ def _runs(engine):
 def test_rows_are_sweeps_groups_and_runs_paged_and_sorted(engine) -> None:
     sweep, trial, other, group, seeds, alone = _runs(engine)
     page = repo.list_units(engine, sort="metric:val/acc", limit=10)
-    assert [(u.kind, u.id, u.runs) for u in page.units] == [("sweep", sweep.id, 3), ("seed group", group, 3),
-                                                           ("run", alone.id, 1)]
+    assert [(u.kind, u.id, u.runs) for u in page.units] == [
+        ("sweep", sweep.id, 3),
+        ("seed group", group, 3),
+        ("run", alone.id, 1),
+    ]
     assert page.total == 3 and page.runs == 7
     first, second = (repo.list_units(engine, sort="metric:val/acc", limit=2, offset=o).units for o in (0, 2))
     assert [u.id for u in first + second] == [u.id for u in page.units]
@@ -37,7 +40,10 @@ def test_a_pages_rows_get_their_runs_and_sweeps_at_once(engine) -> None:
     gone = repo.Unit("run", "no-such-run", 1)
     found = repo.members(engine, [*page.units, gone])
     assert [[r.id for r in runs] for runs in found.runs.values()] == [
-        [trial[0].id, trial[1].id, other[0].id], [s.id for s in seeds], [alone.id]]  # by trial, oldest first
+        [trial[0].id, trial[1].id, other[0].id],
+        [s.id for s in seeds],
+        [alone.id],
+    ]  # by trial, oldest first
     assert gone not in found.runs and list(found.sweeps) == [sweep.id] and found.sweeps[sweep.id].name == "lr sweep"
     within = repo.list_units(engine, sweep_id=sweep.id, sort="metric:val/acc").units
     assert [len(runs) for runs in repo.members(engine, within).runs.values()] == [1, 2]

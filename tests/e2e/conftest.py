@@ -33,8 +33,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 LOGS = ROOT / "test-output" / "e2e-logs"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 SETTLED_JS = """() => {
@@ -85,8 +91,10 @@ def keep_logs(module: str, files: list[Path]) -> None:
 
 # Runs a command that the kernel stops (SIGTERM) when the process that started it dies (prctl PR_SET_PDEATHSIG, kept
 # through exec), however it dies; a parent already gone by then stops it at once.
-_ENDS_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                     "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+_ENDS_WITH_PARENT = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 def ends_with_us(command: list[str]) -> list[str]:
@@ -136,12 +144,23 @@ def serve_ui(prefix: str, seed: Callable[[str], Any], **env_extra: str) -> Itera
     seeded = seed(db_url)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1", **env_extra)
+    env.update(
+        TORCHDECK_HOME=str(home),
+        TORCHDECK_DATABASE_URL=db_url,
+        TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+        PYTHONUNBUFFERED="1",
+        **env_extra,
+    )
     log = home / "ui.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(ends_with_us([sys.executable, "-m", "app.cli", "ui", "--port", str(port)]), cwd=ROOT,
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ends_with_us([sys.executable, "-m", "app.cli", "ui", "--port", str(port)]),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
         yield f"http://127.0.0.1:{port}", db_url, seeded
@@ -159,8 +178,9 @@ def stack(request: pytest.FixtureRequest) -> Iterator[dict]:
     log = home / "up.log"
     exe = Path(sys.executable).parent / "torchdeck"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(ends_with_us([str(exe), "up", "--port", str(port)]), cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ends_with_us([str(exe), "up", "--port", str(port)]), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
         yield {"url": f"http://127.0.0.1:{port}", "home": home, "log": log, "proc": proc}

@@ -12,7 +12,6 @@ from conftest import SHOTS, serve_ui
 from playwright.sync_api import Error as PlaywrightError
 from test_compare_live_e2e import _seed
 
-
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 60
 pytestmark = pytest.mark.timeout(300)
@@ -29,8 +28,9 @@ TICK_FILL = """(chart) => {
 
 @pytest.fixture(scope="module")
 def dark_dashboard() -> Iterator[dict]:
-    with serve_ui("torchdeck-dark-", lambda db_url: _seed(db_url, "live", running=True),
-                  STREAMLIT_THEME_BASE="dark") as (url, _, run_id):
+    with serve_ui(
+        "torchdeck-dark-", lambda db_url: _seed(db_url, "live", running=True), STREAMLIT_THEME_BASE="dark"
+    ) as (url, _, run_id):
         yield {"url": url, "run": run_id}
 
 
@@ -46,7 +46,7 @@ def _tick_fill(page) -> str | None:
 
 
 def _brightness(rgb: str) -> float:
-    r, g, b = (float(v) for v in rgb[rgb.index("(") + 1:rgb.index(")")].split(",")[:3])
+    r, g, b = (float(v) for v in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3])
     return (r + g + b) / 3
 
 

@@ -138,8 +138,12 @@ def watch_it_grow(page, shots: Path) -> None:
     assert "running" in status(page), status(page)
     page.screenshot(path=str(shots / "03-run-live.png"), full_page=True)
     first = last_step(page, "Loss", "train/loss")
-    wait_until(f"the loss chart growing past step {first:.0f}",
-               lambda: last_step(page, "Loss", "train/loss") > first, 120, page)
+    wait_until(
+        f"the loss chart growing past step {first:.0f}",
+        lambda: last_step(page, "Loss", "train/loss") > first,
+        120,
+        page,
+    )
     wait_until("the first epoch's val/acc drawn", lambda: points(page, "Accuracy", "val/acc") > 0, 180, page)
     assert "running" in status(page), status(page)  # all of it seen while the run trains
 
@@ -240,9 +244,12 @@ def user_path(page, stack, shots: Path, tmp_path: Path) -> None:
     shot(page, shots, "06-runs.png")
     page.goto(f"{stack['url']}/compare?ids={first},{second}")
     page.get_by_text("Curves as CSV").first.wait_for()  # the button (its help tooltip holds the words too)
-    wait_until("both runs' val/acc on the Compare page",
-               lambda: points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0,
-               120, page)
+    wait_until(
+        "both runs' val/acc on the Compare page",
+        lambda: points(page, "val/acc", "e2e-digits") > 0 and points(page, "val/acc", "e2e-digits-lr3e-3") > 0,
+        120,
+        page,
+    )
     shot(page, shots, "07-compare.png")
     page.get_by_role("tab", name="Hyperparameters").click()
     page.locator(".js-plotly-plot .parcoords").first.wait_for(state="attached")

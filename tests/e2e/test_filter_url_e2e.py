@@ -41,8 +41,9 @@ def _seed(url: str) -> None:
     engine = make_engine(url)
     try:
         for name, (acc, lr) in RUNS.items():
-            spec = RunSpec.model_validate({"name": name, "data": {"name": "digits", "image_size": 16},
-                                           "optim": {"lr": lr}}).model_dump(mode="json")
+            spec = RunSpec.model_validate(
+                {"name": name, "data": {"name": "digits", "image_size": 16}, "optim": {"lr": lr}}
+            ).model_dump(mode="json")
             r = repo.create_run(engine, spec, name=name, owner="local")
             repo.claim_run(engine, r.id, "w1", device="cpu")
             repo.append_metrics(engine, r.id, [MetricPoint("val/acc", 1, acc, 1)])

@@ -68,15 +68,19 @@ def _wait(what: str, condition, page) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {WAIT_S} s; running {_rows(page, 'ETA')}, "
-                                 f"finished {_rows(page, 'finished')}")
+            raise AssertionError(
+                f"{what}: not seen within {WAIT_S} s; running {_rows(page, 'ETA')}, finished {_rows(page, 'finished')}"
+            )
         page.wait_for_timeout(300)
 
 
 def _shows(page, name: str, progress: float, value: float) -> bool:
     row = _rows(page, "ETA").get(name)
-    return row is not None and _number(row["progress"]) == pytest.approx(progress) and \
-        _number(row["value"]) == pytest.approx(value)
+    return (
+        row is not None
+        and _number(row["progress"]) == pytest.approx(progress)
+        and _number(row["value"]) == pytest.approx(value)
+    )
 
 
 def _number(text: str) -> float | None:
@@ -106,16 +110,25 @@ def test_the_overview_follows_two_running_runs_and_one_finishing_without_a_reloa
         page.evaluate("() => { window.__notReloaded = true; }")  # gone if the page reloads
         _as_worker(db_url, ids["alpha"], 2, 0.4, 0.5)
         _as_worker(db_url, ids["beta"], 2, 0.3, 0.75)
-        _wait("both runs' new progress and objective",
-              lambda: _shows(page, "alpha", 0.5, 0.4) and _shows(page, "beta", 0.75, 0.3), page)
+        _wait(
+            "both runs' new progress and objective",
+            lambda: _shows(page, "alpha", 0.5, 0.4) and _shows(page, "beta", 0.75, 0.3),
+            page,
+        )
         assert _number(_rows(page, "ETA")["beta"]["best"]) == pytest.approx(0.3)  # a loss: lower is better
         engine = make_engine(db_url)
         try:
             repo.finish_run(engine, ids["alpha"], "completed", summary={"status": "completed"}, worker_id=WORKER)
         finally:
             engine.dispose()
-        _wait("alpha finished", lambda: _rows(page, "finished").get("alpha", {}).get("status") == "completed"
-              and "alpha" not in _rows(page, "ETA"), page)
+        _wait(
+            "alpha finished",
+            lambda: (
+                _rows(page, "finished").get("alpha", {}).get("status") == "completed"
+                and "alpha" not in _rows(page, "ETA")
+            ),
+            page,
+        )
         assert _shows(page, "beta", 0.75, 0.3)  # still running, as it was
         assert page.evaluate("() => window.__notReloaded === true")
         SHOTS.mkdir(parents=True, exist_ok=True)

@@ -47,11 +47,19 @@ def _seed(url: str) -> dict[str, str]:
         repo.heartbeat(engine, fresh.id, worker_id="cpu@laptop", progress=0.05)
         first = repo.create_run(engine, SPEC, name="first-epoch", owner="local")  # one validation point, at 421
         repo.claim_run(engine, first.id, "cpu@laptop", device="cpu")
-        repo.append_metrics(engine, first.id, [MetricPoint("train/loss", 420, 1.2, 1), MetricPoint("val/acc", 421, 0.31, 1),
-                                               MetricPoint("val/loss", 421, 1.9, 1)])
+        repo.append_metrics(
+            engine,
+            first.id,
+            [
+                MetricPoint("train/loss", 420, 1.2, 1),
+                MetricPoint("val/acc", 421, 0.31, 1),
+                MetricPoint("val/loss", 421, 1.9, 1),
+            ],
+        )
         repo.heartbeat(engine, first.id, worker_id="cpu@laptop", progress=0.25)
-        repo.upsert_worker(engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"],
-                           devices=[{"kind": "cpu", "cores": 8}])  # `make up` without a GPU; idle
+        repo.upsert_worker(
+            engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"], devices=[{"kind": "cpu", "cores": 8}]
+        )  # `make up` without a GPU; idle
         return {"fresh": fresh.id, "first": first.id}
     finally:
         engine.dispose()

@@ -34,17 +34,20 @@ ROOT = Path(__file__).resolve().parents[2]
 ANA, BOB, ADMIN = "ana@example.com", "bob@example.com", "root@example.com"
 # Besides them, at the provider: Eve (a verified address of another domain), Carol (another domain, but
 # in the allowed group), and Mallory, who typed the admin's address as her username and unverified e-mail.
-OTHERS = [{"sub": "eve", "email": "eve@elsewhere.org", "email_verified": True, "name": "Eve"},
-          {"sub": "carol", "email": "carol@partner.org", "email_verified": True, "name": "Carol", "groups": ["ml-lab"]},
-          {"sub": "mallory", "preferred_username": ADMIN, "email": ADMIN, "email_verified": False}]
+OTHERS = [
+    {"sub": "eve", "email": "eve@elsewhere.org", "email_verified": True, "name": "Eve"},
+    {"sub": "carol", "email": "carol@partner.org", "email_verified": True, "name": "Carol", "groups": ["ml-lab"]},
+    {"sub": "mallory", "preferred_username": ADMIN, "email": ADMIN, "email_verified": False},
+]
 SPEC = {"name": "seeded", "data": {"name": "digits", "image_size": 16}, "train": {"epochs": 1}}
 pytestmark = pytest.mark.timeout(180)
 
 
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen(ends_with_us(cmd), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            ends_with_us(cmd), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def seed(url: str, home: Path) -> dict[str, str]:
@@ -76,20 +79,40 @@ def team() -> Iterator[dict]:
     db_url = f"sqlite:///{home / 'torchdeck.db'}"
     ids = seed(db_url, home)
     idp_port, ui_port = free_port(), free_port()
-    users = [json.dumps({"sub": who, "email": who, "email_verified": True, "name": who.split("@")[0].title()})
-             for who in (ANA, BOB, ADMIN)] + [json.dumps(u) for u in OTHERS]
+    users = [
+        json.dumps({"sub": who, "email": who, "email_verified": True, "name": who.split("@")[0].title()})
+        for who in (ANA, BOB, ADMIN)
+    ] + [json.dumps(u) for u in OTHERS]
     idp_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    idp = start([sys.executable, "-m", "oidc_provider_mock", "--port", str(idp_port),
-                 *[arg for u in users for arg in ("--user-claims", u)]], idp_env, home / "idp.log")
+    idp = start(
+        [
+            sys.executable,
+            "-m",
+            "oidc_provider_mock",
+            "--port",
+            str(idp_port),
+            *[arg for u in users for arg in ("--user-claims", u)],
+        ],
+        idp_env,
+        home / "idp.log",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
     url = f"http://127.0.0.1:{ui_port}"
     env.update(
-        TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-        TORCHDECK_MODE="team", TORCHDECK_UI_ADDRESS="127.0.0.1", TORCHDECK_ADMINS=ADMIN,
-        TORCHDECK_ALLOWED_DOMAINS="example.com", TORCHDECK_ALLOWED_GROUPS="ml-lab",
-        TORCHDECK_OIDC_ISSUER=f"http://127.0.0.1:{idp_port}", TORCHDECK_OIDC_CLIENT_ID="torchdeck",
-        TORCHDECK_OIDC_CLIENT_SECRET="s3cret", TORCHDECK_OIDC_REDIRECT_URI=f"{url}/oauth2callback",
-        TORCHDECK_OIDC_COOKIE_SECRET="a-long-random-cookie-secret-for-tests", PYTHONUNBUFFERED="1",
+        TORCHDECK_HOME=str(home),
+        TORCHDECK_DATABASE_URL=db_url,
+        TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+        TORCHDECK_MODE="team",
+        TORCHDECK_UI_ADDRESS="127.0.0.1",
+        TORCHDECK_ADMINS=ADMIN,
+        TORCHDECK_ALLOWED_DOMAINS="example.com",
+        TORCHDECK_ALLOWED_GROUPS="ml-lab",
+        TORCHDECK_OIDC_ISSUER=f"http://127.0.0.1:{idp_port}",
+        TORCHDECK_OIDC_CLIENT_ID="torchdeck",
+        TORCHDECK_OIDC_CLIENT_SECRET="s3cret",
+        TORCHDECK_OIDC_REDIRECT_URI=f"{url}/oauth2callback",
+        TORCHDECK_OIDC_COOKIE_SECRET="a-long-random-cookie-secret-for-tests",
+        PYTHONUNBUFFERED="1",
     )
     ui = start([str(Path(sys.executable).parent / "torchdeck"), "ui", "--port", str(ui_port)], env, home / "ui.log")
     try:
@@ -220,8 +243,9 @@ def test_a_user_sees_others_runs_but_cannot_cancel_or_delete_them(team, browser)
 
 
 def _refused(page, team: dict, name: str) -> None:
-    page.get_by_text(f"{name} is signed in but not a member of this dashboard; ask an admin to add you to "
-                     "TORCHDECK_ALLOWED_USERS").wait_for()
+    page.get_by_text(
+        f"{name} is signed in but not a member of this dashboard; ask an admin to add you to TORCHDECK_ALLOWED_USERS"
+    ).wait_for()
     settled(page)  # the whole script run is drawn: nothing more comes below the refusal
     body = page.locator("body").inner_text()
     assert "bob-running" not in body and "run(s) match" not in body and "signed in as" not in body
@@ -301,8 +325,11 @@ def test_download_links_take_an_opaque_artifact_id_only(team, browser, tmp_path)
         saved = tmp_path / "model.onnx"
         dl.value.save_as(saved)
         assert saved.read_bytes() == b"onnx-bytes"
-        for bad, says in (("0" * 32, "no artifact with id"), ("..%2F..%2Fetc%2Fpasswd", "never by a path"),
-                          ("runs%2Fx%2Fexport%2Fmodel.onnx", "never by a path")):
+        for bad, says in (
+            ("0" * 32, "no artifact with id"),
+            ("..%2F..%2Fetc%2Fpasswd", "never by a path"),
+            ("runs%2Fx%2Fexport%2Fmodel.onnx", "never by a path"),
+        ):
             page.goto(f"{team['url']}/artifact?id={bad}")
             page.get_by_text(says).wait_for()
             assert not page.get_by_role("button", name="Download").count()
@@ -326,8 +353,14 @@ def test_downloads_take_an_opaque_artifact_id_only(team, monkeypatch):
         assert read_artifact(team["ids"]["artifact"], engine=engine) == b"onnx-bytes"
         with pytest.raises(ArtifactNotFound):
             read_artifact("0" * 32, engine=engine)
-        for bad in ("../../../etc/passwd", "runs/x/export/model.onnx", "/etc/passwd", "file:///etc/passwd",
-                    team["ids"]["artifact"] + "/..", ""):
+        for bad in (
+            "../../../etc/passwd",
+            "runs/x/export/model.onnx",
+            "/etc/passwd",
+            "file:///etc/passwd",
+            team["ids"]["artifact"] + "/..",
+            "",
+        ):
             with pytest.raises(InvalidArtifactId):
                 read_artifact(bad, engine=engine)
     finally:

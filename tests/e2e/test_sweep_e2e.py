@@ -50,12 +50,22 @@ def dashboard() -> Iterator[dict]:
         engine.dispose()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDECK_")}
-    env.update(TORCHDECK_HOME=str(home), TORCHDECK_DATABASE_URL=db_url, TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        TORCHDECK_HOME=str(home),
+        TORCHDECK_DATABASE_URL=db_url,
+        TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+        PYTHONUNBUFFERED="1",
+    )
     log = home / "ui.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(ends_with_us([sys.executable, "-m", "app.cli", "ui", "--port", str(port)]), cwd=ROOT,
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ends_with_us([sys.executable, "-m", "app.cli", "ui", "--port", str(port)]),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", 90, proc, log)
         yield {"url": f"http://127.0.0.1:{port}", "sweep_id": sweep_id, "log": log}

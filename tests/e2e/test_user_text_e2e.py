@@ -38,8 +38,10 @@ pytestmark = pytest.mark.timeout(300)
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Records every path asked for; answers each with a tiny PNG."""
 
-    PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-                        "1f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082")
+    PNG = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
+    )
 
     def do_GET(self):  # noqa: N802 - the http.server protocol
         self.server.paths.append(self.path.split("?")[0])
@@ -91,8 +93,9 @@ def dashboard(image_server) -> Iterator[dict]:
 def _images_pointing_at(page, port: int) -> list[str]:
     found = []
     for frame in page.frames:
-        found += frame.evaluate("port => [...document.images].map(i => i.src).filter(s => s.includes(':' + port + '/'))",
-                                port)
+        found += frame.evaluate(
+            "port => [...document.images].map(i => i.src).filter(s => s.includes(':' + port + '/'))", port
+        )
     return found
 
 
@@ -101,7 +104,9 @@ def _no_request_for_the_image(page, server) -> None:
     asked of that server before has arrived by then."""
     page.wait_for_function(IDLE_JS, timeout=WAIT_MS)
     probe = f"/probe-{len(server.paths)}"
-    page.evaluate("url => fetch(url, {mode: 'no-cors'}).then(() => true)", f"http://127.0.0.1:{server.server_port}{probe}")
+    page.evaluate(
+        "url => fetch(url, {mode: 'no-cors'}).then(() => true)", f"http://127.0.0.1:{server.server_port}{probe}"
+    )
     assert probe in server.paths, server.paths
     assert "/p.png" not in server.paths, server.paths
     assert _images_pointing_at(page, server.server_port) == []
@@ -118,7 +123,7 @@ def test_run_page_shows_a_markdown_name_and_backtick_tags_as_text(dashboard, bro
         heading = page.locator("h1").first
         assert heading.inner_text().replace(JOINER, "").strip() == dashboard["names"]["image"]
         codes = [c.replace(JOINER, "") for c in caption.locator("code").all_inner_texts()]
-        assert sorted(codes[-len(TAGS):]) == sorted(TAGS), codes  # each tag one code span, backticks and all
+        assert sorted(codes[-len(TAGS) :]) == sorted(TAGS), codes  # each tag one code span, backticks and all
         page.screenshot(path=str(_shots() / "text-01-run.png"), full_page=True)
     finally:
         page.close()

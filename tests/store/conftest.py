@@ -30,7 +30,7 @@ class S3Artifacts:
     def keys(self, under: str = "") -> list[str]:
         """Object keys relative to the store's prefix."""
         base = f"{self.prefix}/"
-        return [k[len(base):] for k in self.s3.keys(self.bucket, base + under)]
+        return [k[len(base) :] for k in self.s3.keys(self.bucket, base + under)]
 
 
 @pytest.fixture(scope="session")

@@ -31,14 +31,24 @@ class MotoS3:
 
     def env(self) -> dict[str, str]:
         """The variables a torchdeck process needs to use this endpoint (db.artifacts reads them)."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION,
-                "AWS_REGION": REGION, "TORCHDECK_S3_ENDPOINT_URL": self.endpoint_url}
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "TORCHDECK_S3_ENDPOINT_URL": self.endpoint_url,
+        }
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name=REGION)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
 
     def create_bucket(self, name: str | None = None) -> str:
         name = name or f"td-{secrets.token_hex(6)}"

@@ -73,8 +73,20 @@ def test_download_by_artifact_id(env):
     assert artifact_problem(record) is None
 
 
-BAD_IDS = ["../model.onnx", "runs/x/model.onnx", "..", "/etc/passwd", "file:///etc/passwd", "a\\b", "%2e%2e%2f",
-           "", " ", "x" * 65, "id\x00", None]
+BAD_IDS = [
+    "../model.onnx",
+    "runs/x/model.onnx",
+    "..",
+    "/etc/passwd",
+    "file:///etc/passwd",
+    "a\\b",
+    "%2e%2e%2f",
+    "",
+    " ",
+    "x" * 65,
+    "id\x00",
+    None,
+]
 
 
 def test_path_like_ids_are_refused(env):
@@ -92,8 +104,12 @@ def test_unknown_id_is_refused(env):
 
 def test_a_uri_outside_the_store_is_never_served(env, tmp_path):
     run, _, _ = _run_with_onnx(env)
-    for uri in ("file:///etc/passwd", (tmp_path / "outside.bin").as_uri(), "s3://someone-elses-bucket/x/model.onnx",
-                "https://example.com/model.onnx"):
+    for uri in (
+        "file:///etc/passwd",
+        (tmp_path / "outside.bin").as_uri(),
+        "s3://someone-elses-bucket/x/model.onnx",
+        "https://example.com/model.onnx",
+    ):
         (tmp_path / "outside.bin").write_bytes(b"secret")
         art = add_artifact(env, run.id, "onnx", uri)
         with pytest.raises(ArtifactUnavailable, match="cannot be downloaded here"):
@@ -174,9 +190,15 @@ def _trained_run(engine):
     from core.train import run_training
     from worker.settings import WorkerSettings
 
-    spec = RunSpec.from_dict({"data": {"name": "synthetic", "num_classes": 3, "num_samples": 120, "size": 8,
-                                       "channels": 1}, "model": {"name": "simple_cnn", "hidden": 8},
-                              "train": {"epochs": 1, "batch_size": 32}, "export": {"formats": []}, "device": "cpu"})
+    spec = RunSpec.from_dict(
+        {
+            "data": {"name": "synthetic", "num_classes": 3, "num_samples": 120, "size": 8, "channels": 1},
+            "model": {"name": "simple_cnn", "hidden": 8},
+            "train": {"epochs": 1, "batch_size": 32},
+            "export": {"formats": []},
+            "device": "cpu",
+        }
+    )
     run = create_run(engine, spec.model_dump(mode="json"))
     assert run_training(spec, WorkerSettings().run_dir(run.id), MemorySink())["status"] == "completed"
     finish_run(engine, run.id, "completed")
@@ -199,7 +221,9 @@ def test_export_now_registers_its_files_through_the_store(env, tmp_path):
 
     assert hashlib.sha256(data).hexdigest() == arts["onnx"].sha256 and onnx.load_model_from_string(data).graph.input
     key = artifact_store().key_of(arts["onnx"].uri)  # a folder of its own: runs/<id>/exports/<token>/
-    assert re.fullmatch(rf"runs/{run.id}/{result['folder']}/model\.onnx", key) and result["folder"].startswith("exports/")
+    assert re.fullmatch(rf"runs/{run.id}/{result['folder']}/model\.onnx", key) and result["folder"].startswith(
+        "exports/"
+    )
     assert arts["onnx"].meta["parity"]["passed"] is True
 
 

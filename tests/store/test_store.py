@@ -48,8 +48,11 @@ def test_put_get_stream_exists_delete(store, tmp_path):
     store.put_bytes(b"{}", "runs/r1/export/export.json")
     store.put_bytes(b"ck", "runs/r1/checkpoints/last.pt")
     store.put_bytes(b"other", "runs/r10/checkpoints/last.pt")  # shares the prefix text, not the folder
-    assert store.list("runs/r1") == ["runs/r1/checkpoints/last.pt", "runs/r1/export/export.json",
-                                     "runs/r1/export/model.onnx"]
+    assert store.list("runs/r1") == [
+        "runs/r1/checkpoints/last.pt",
+        "runs/r1/export/export.json",
+        "runs/r1/export/model.onnx",
+    ]
     assert store.delete("runs/r1/export/export.json") and not store.delete("runs/r1/export/export.json")
     assert store.delete_prefix("runs/r1") == 2
     assert store.list("runs") == ["runs/r10/checkpoints/last.pt"]
@@ -113,8 +116,20 @@ def test_exclusive_writers_racing_for_one_key_leave_exactly_one_file(tmp_path):
     assert hashlib.sha256(store.read_bytes(won[0].key)).hexdigest() == won[0].sha256
 
 
-BAD_KEYS = ["", "/etc/passwd", "../x", "runs/../../etc/passwd", "runs/./x", "runs//x", "runs\\x", "C:/x",
-            "s3://other/x", "runs/x\x00", "runs/..", "a/b/../c"]
+BAD_KEYS = [
+    "",
+    "/etc/passwd",
+    "../x",
+    "runs/../../etc/passwd",
+    "runs/./x",
+    "runs//x",
+    "runs\\x",
+    "C:/x",
+    "s3://other/x",
+    "runs/x\x00",
+    "runs/..",
+    "a/b/../c",
+]
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
@@ -126,9 +141,16 @@ def test_bad_keys_are_refused(key):
 def test_every_method_refuses_bad_keys(store, tmp_path):
     (tmp_path / "f").write_bytes(b"x")
     for key in ("../escape", "/abs", "a\\b"):
-        for call in (lambda k: store.put_file(tmp_path / "f", k), lambda k: store.put_bytes(b"x", k),
-                     store.open, store.exists, store.delete, store.delete_prefix, store.uri,
-                     lambda k: store.get_file(k, tmp_path / "g")):
+        for call in (
+            lambda k: store.put_file(tmp_path / "f", k),
+            lambda k: store.put_bytes(b"x", k),
+            store.open,
+            store.exists,
+            store.delete,
+            store.delete_prefix,
+            store.uri,
+            lambda k: store.get_file(k, tmp_path / "g"),
+        ):
             with pytest.raises(BadKey):
                 call(key)
     assert not (tmp_path / "escape").exists() and not (tmp_path / "g").exists()
@@ -190,7 +212,9 @@ def test_urls_and_local_fast_path(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TORCHDECK_ARTIFACTS", raising=False)
     default = open_store()
-    assert isinstance(default, LocalStore) and default.local_path("k") == (tmp_path / "home" / "artifacts" / "k").resolve()
+    assert (
+        isinstance(default, LocalStore) and default.local_path("k") == (tmp_path / "home" / "artifacts" / "k").resolve()
+    )
     assert isinstance(open_store((tmp_path / "s").as_uri()), LocalStore)
     assert isinstance(open_store("s3://bucket/prefix"), S3Store)
     with pytest.raises(StoreError):

@@ -59,8 +59,10 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
     spec = RunSpec.from_dict({**TINY, "export": {"formats": []}})
     run_id = create_run(engine, spec.model_dump(mode="json")).id
     more = RunSpec.from_dict({**TINY, "train": {**TINY["train"], "epochs": 2}})  # and an ONNX export at the end
-    p = mp.get_context("spawn").Process(target=_two_hosts, args=(
-        run_id, url, str(tmp_path / "host-a"), str(tmp_path / "host-b"), more.model_dump(mode="json")))
+    p = mp.get_context("spawn").Process(
+        target=_two_hosts,
+        args=(run_id, url, str(tmp_path / "host-a"), str(tmp_path / "host-b"), more.model_dump(mode="json")),
+    )
     p.start()
     p.join(150)
     if p.is_alive():
@@ -86,8 +88,17 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
         assert a.uri.startswith(f"{s3_artifacts.url}/runs/{run_id}/"), a.uri
         assert a.size and len(a.sha256) == 64
     keys = s3_artifacts.keys(f"runs/{run_id}/")
-    assert {f"runs/{run_id}/{k}" for k in ("export/model.onnx", "export/export.json", "export/bundle.zip",
-                                           "checkpoints/last.pt", "checkpoints/best.pt", "samples.png")} <= set(keys), keys
+    assert {
+        f"runs/{run_id}/{k}"
+        for k in (
+            "export/model.onnx",
+            "export/export.json",
+            "export/bundle.zip",
+            "checkpoints/last.pt",
+            "checkpoints/best.pt",
+            "samples.png",
+        )
+    } <= set(keys), keys
     # Downloaded through the app's service, by opaque id only: the very bytes that were registered.
     data = read_artifact(arts["onnx"].id, engine=engine)
     assert len(data) == arts["onnx"].size and hashlib.sha256(data).hexdigest() == arts["onnx"].sha256

@@ -13,13 +13,18 @@ from db import repo
 from sweep import control
 from sweep.spec import SweepSpec
 
-BASE = RunSpec.model_validate({"data": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"epochs": 9},
-                               "device": "cpu", "seed": 7})
+BASE = RunSpec.model_validate(
+    {"data": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"epochs": 9}, "device": "cpu", "seed": 7}
+)
 
 
 def sweep_spec(**kw) -> SweepSpec:
-    data = {"base": BASE.model_dump(mode="json"), "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001, 0.0001]},
-            "optim.weight_decay": {"choice": [0.0, 0.001]}}, "method": "grid", "objective": {"metric": "val/acc"}}
+    data = {
+        "base": BASE.model_dump(mode="json"),
+        "space": {"optim.lr": {"choice": [0.1, 0.01, 0.001, 0.0001]}, "optim.weight_decay": {"choice": [0.0, 0.001]}},
+        "method": "grid",
+        "objective": {"metric": "val/acc"},
+    }
     data.update(kw)
     return SweepSpec.model_validate(data)
 
@@ -83,8 +88,9 @@ def test_a_grid_runs_each_configuration_once_and_finds_the_best(engine) -> None:
 
 def test_a_sweep_on_val_f1_macro_finds_the_configuration_with_the_highest_f1(engine) -> None:
     queue = Queue()
-    sweep = control.create(engine, sweep_spec(objective={"metric": "val/f1_macro"}, pruner={"kind": "median"}),
-                           owner="ana", send=queue)
+    sweep = control.create(
+        engine, sweep_spec(objective={"metric": "val/f1_macro"}, pruner={"kind": "median"}), owner="ana", send=queue
+    )
     drain(engine, sweep.id, queue, key="val/f1_macro")
     state = control.load_state(engine, repo.get_sweep(engine, sweep.id))
     assert control.best(state).params == {"optim.lr": 0.01, "optim.weight_decay": 0.001}  # the highest, not lowest
@@ -92,8 +98,9 @@ def test_a_sweep_on_val_f1_macro_finds_the_configuration_with_the_highest_f1(eng
 
 def test_asha_prunes_trailing_trials_with_a_reason_and_uses_fewer_epochs(engine) -> None:
     queue = Queue()
-    sweep = control.create(engine, sweep_spec(pruner={"kind": "asha", "min_epochs": 1, "reduction_factor": 3}),
-                           owner="ana", send=queue)
+    sweep = control.create(
+        engine, sweep_spec(pruner={"kind": "asha", "min_epochs": 1, "reduction_factor": 3}), owner="ana", send=queue
+    )
     statuses = drain(engine, sweep.id, queue)
     assert statuses.count("pruned") >= 3 and statuses.count("completed") >= 1
     state = control.load_state(engine, repo.get_sweep(engine, sweep.id))
@@ -135,8 +142,12 @@ def test_cancel_ends_the_sweep_and_its_runs(engine) -> None:
 
 def test_seeds_make_groups_and_the_best_is_their_mean(engine) -> None:
     queue = Queue()
-    sweep = control.create(engine, sweep_spec(seeds=3, budget={"trials": 2}, method="random",
-                           space={"optim.lr": {"loguniform": [1e-3, 1e-1]}}), owner="ana", send=queue)
+    sweep = control.create(
+        engine,
+        sweep_spec(seeds=3, budget={"trials": 2}, method="random", space={"optim.lr": {"loguniform": [1e-3, 1e-1]}}),
+        owner="ana",
+        send=queue,
+    )
     assert len(queue.sent) == 3
     runs = [repo.get_run(engine, i) for i in queue.sent]
     assert len({r.group_id for r in runs}) == 1 and sorted(r.spec["seed"] for r in runs) == [7, 8, 9]
@@ -155,8 +166,9 @@ def test_seeds_make_groups_and_the_best_is_their_mean(engine) -> None:
 def repeat(engine, run, k: int) -> list:
     """What app.services.sweeps.repeat_with_seeds stores once its gate admitted the specs (tests/app test the gate)."""
     specs, group_id = control.repeat_specs(engine, run, k)
-    made = repo.create_runs(engine, [(s.model_dump(mode="json"), s.name) for s in specs], owner="bo",
-                            parent_id=run.id, group_id=group_id)
+    made = repo.create_runs(
+        engine, [(s.model_dump(mode="json"), s.name) for s in specs], owner="bo", parent_id=run.id, group_id=group_id
+    )
     if run.group_id is None:
         repo.set_group(engine, run.id, group_id)
     return made
@@ -233,8 +245,9 @@ def test_the_limit_is_counted_again_where_a_trial_is_stored(engine) -> None:
     trial (the stored limit, whatever record the caller holds) and leaves its number free."""
     from dataclasses import replace
 
-    sweep = repo.create_sweep(engine, sweep_spec().model_dump(mode="json", by_alias=True), name="s", owner="ana",
-                              max_queued=1)
+    sweep = repo.create_sweep(
+        engine, sweep_spec().model_dump(mode="json", by_alias=True), name="s", owner="ana", max_queued=1
+    )
     repo.create_run(engine, BASE.model_dump(mode="json"), name="queued meanwhile", owner="ana")
     with pytest.raises(repo.QueueLimitReached, match="ana has 1 queued runs; this dashboard allows 1"):
         repo.add_trial(engine, replace(sweep, max_queued=None), 0, {}, {}, [(BASE.model_dump(mode="json"), "s #0")])
@@ -246,8 +259,10 @@ def test_a_stored_sweep_over_a_file_never_gets_a_trial(engine) -> None:
     it), and the controller refuses its trial, naming the field, and ends it."""
     from sweep.spec import SweepSpecError
 
-    data = {**sweep_spec().model_dump(mode="json", by_alias=True),
-            "space": {"model.weights_file": {"choice": ["/etc/shadow"]}}}
+    data = {
+        **sweep_spec().model_dump(mode="json", by_alias=True),
+        "space": {"model.weights_file": {"choice": ["/etc/shadow"]}},
+    }
     with pytest.raises(SweepSpecError, match="space.model.weights_file: names a file or a dataset"):
         SweepSpec.from_dict(data)
     sweep = repo.create_sweep(engine, data, name="old", owner="ana")

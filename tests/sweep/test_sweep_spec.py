@@ -18,8 +18,9 @@ def errors(text: str) -> dict[str, str]:
 
 
 def test_yaml_round_trip_and_defaults():
-    spec = SweepSpec.from_yaml("space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1]}\n  train.batch_size: {int: [16, 64], step: 16}\n",
-                               base=BASE)
+    spec = SweepSpec.from_yaml(
+        "space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1]}\n  train.batch_size: {int: [16, 64], step: 16}\n", base=BASE
+    )
     assert spec.method == "tpe" and spec.trials == 20 and spec.budget.parallel == 1
     assert spec.metric == "val/loss" and spec.mode == "min" and spec.sampler_seed == 3  # from the base's early stopping
     again = SweepSpec.from_yaml(spec.to_yaml())
@@ -29,19 +30,30 @@ def test_yaml_round_trip_and_defaults():
 def test_val_f1_macro_is_an_objective_higher_is_better_read_where_it_is_stored():
     spec = SweepSpec.from_yaml("space: {optim.lr: {choice: [0.1, 0.01]}}\nobjective: {metric: val/f1_macro}", base=BASE)
     assert (spec.metric, spec.mode, spec.stored_metric) == ("val/f1_macro", "max", "val/f1_macro")
-    monitored = BASE.model_copy(update={"train": BASE.train.model_copy(update={
-        "early_stopping": BASE.train.early_stopping.model_copy(update={"monitor": "val/f1_macro"})})})
+    monitored = BASE.model_copy(
+        update={
+            "train": BASE.train.model_copy(
+                update={"early_stopping": BASE.train.early_stopping.model_copy(update={"monitor": "val/f1_macro"})}
+            )
+        }
+    )
     by_default = SweepSpec.from_yaml("space: {optim.lr: {choice: [0.1, 0.01]}}", base=monitored)
     assert (by_default.metric, by_default.mode) == ("val/f1_macro", "max")  # the base's early-stopping monitor
     assert SweepSpec.from_yaml(spec.to_yaml()) == spec
 
 
 def test_grids_are_sized_from_choices_steps_and_points():
-    spec = SweepSpec.from_yaml("space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1], num: 4}\n"
-                               "  optim.momentum: {uniform: [0.5, 0.9], step: 0.2}\n  train.batch_size: {int: [16, 48], step: 16}\n"
-                               "method: grid\nseeds: 2", base=BASE)
-    assert spec.grid_values() == {"optim.lr": [0.0001, 0.001, 0.01, 0.1], "optim.momentum": [0.5, 0.7, 0.9],
-                                  "train.batch_size": [16, 32, 48]}
+    spec = SweepSpec.from_yaml(
+        "space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1], num: 4}\n"
+        "  optim.momentum: {uniform: [0.5, 0.9], step: 0.2}\n  train.batch_size: {int: [16, 48], step: 16}\n"
+        "method: grid\nseeds: 2",
+        base=BASE,
+    )
+    assert spec.grid_values() == {
+        "optim.lr": [0.0001, 0.001, 0.01, 0.1],
+        "optim.momentum": [0.5, 0.7, 0.9],
+        "train.batch_size": [16, 32, 48],
+    }
     assert spec.trials == 36 and spec.runs() == 72 and spec.max_epochs() == 72 * 6
     run = spec.run_spec({"optim.lr": 0.01, "optim.momentum": 0.7, "train.batch_size": 32}, seed_index=1, name="s #0")
     assert (run.optim.lr, run.optim.momentum, run.train.batch_size, run.seed, run.name) == (0.01, 0.7, 32, 4, "s #0")
@@ -61,8 +73,10 @@ def test_each_error_names_its_field():
 
 
 def test_a_grid_larger_than_the_budget_is_refused_with_its_size():
-    found = errors("space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1], num: 5}\n  optim.weight_decay: {choice: [0, 0.1]}\n"
-                   "method: grid\nbudget: {trials: 8}")
+    found = errors(
+        "space:\n  optim.lr: {loguniform: [1.0e-4, 1.0e-1], num: 5}\n  optim.weight_decay: {choice: [0, 0.1]}\n"
+        "method: grid\nbudget: {trials: 8}"
+    )
     assert found["budget.trials"].startswith("the grid has 10 configurations, more than budget.trials=8")
 
 
@@ -79,8 +93,12 @@ def test_fields_naming_files_or_datasets_are_never_swept():
     from sweep.spec import sweepable_paths
 
     assert set(FILE_FIELDS) == {"data.name", "data.path", "data.download", "model.weights_file"}
-    for field, values in (("model.weights_file", ["/etc/shadow"]), ("data.path", ["/etc"]), ("data.name", ["mnist"]),
-                          ("data.download", [True, False])):
+    for field, values in (
+        ("model.weights_file", ["/etc/shadow"]),
+        ("data.path", ["/etc"]),
+        ("data.name", ["mnist"]),
+        ("data.download", [True, False]),
+    ):
         for method in ("grid", "random", "tpe"):
             found = errors(f"space: {{{field}: {{choice: {values}}}}}\nmethod: {method}")
             assert list(found) == [f"space.{field}"] and "names a file or a dataset" in found[f"space.{field}"]
@@ -91,20 +109,38 @@ def test_fields_naming_files_or_datasets_are_never_swept():
 # under 600 MB, 15 GB without a limit) or raise an uncaught OverflowError: each must be refused with its field
 # (and the grid's size) before any list is built.
 BOMBS = {
-    "grid, step 1e-12": ("space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-12}}\nmethod: grid",
-                         "space.optim.momentum", "grid points"),
-    "grid, step 1e-9": ("space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-9}}\nmethod: grid",
-                        "space.optim.momentum", "grid points"),
-    "grid, 10^15 integers": ("space: {model.unfreeze_at_epoch: {int: [1, 1000000000000000]}}\nmethod: grid",
-                             "space.model.unfreeze_at_epoch", "1,000,000,000,000,000 grid points"),
-    "grid, 10^6 configurations": ("space:\n  optim.lr: {loguniform: [1.0e-5, 1.0e-1], num: 100}\n"
-                                  "  optim.momentum: {uniform: [0.0, 0.9], num: 100}\n"
-                                  "  optim.weight_decay: {uniform: [0.0, 0.1], num: 100}\nmethod: grid",
-                                  "space", "the grid has 1,000,000 configurations"),
-    "random, step 1e-300 overflows": ("space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\n"
-                                      "method: random", "space.optim.lr", "into inf points"),
-    "grid, step 1e-300 overflows": ("space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\n"
-                                    "method: grid", "space.optim.lr", "into inf points"),
+    "grid, step 1e-12": (
+        "space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-12}}\nmethod: grid",
+        "space.optim.momentum",
+        "grid points",
+    ),
+    "grid, step 1e-9": (
+        "space: {optim.momentum: {uniform: [0.0, 0.99], step: 1.0e-9}}\nmethod: grid",
+        "space.optim.momentum",
+        "grid points",
+    ),
+    "grid, 10^15 integers": (
+        "space: {model.unfreeze_at_epoch: {int: [1, 1000000000000000]}}\nmethod: grid",
+        "space.model.unfreeze_at_epoch",
+        "1,000,000,000,000,000 grid points",
+    ),
+    "grid, 10^6 configurations": (
+        "space:\n  optim.lr: {loguniform: [1.0e-5, 1.0e-1], num: 100}\n"
+        "  optim.momentum: {uniform: [0.0, 0.9], num: 100}\n"
+        "  optim.weight_decay: {uniform: [0.0, 0.1], num: 100}\nmethod: grid",
+        "space",
+        "the grid has 1,000,000 configurations",
+    ),
+    "random, step 1e-300 overflows": (
+        "space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\nmethod: random",
+        "space.optim.lr",
+        "into inf points",
+    ),
+    "grid, step 1e-300 overflows": (
+        "space: {optim.lr: {uniform: [1.0e-300, 1.0e300], step: 1.0e-300}}\nmethod: grid",
+        "space.optim.lr",
+        "into inf points",
+    ),
 }
 
 

@@ -32,8 +32,22 @@ class Redis:
     def start(self) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
-            pytest.fail("redis-server is not installed (make test installs it: apt-get install redis-server)", pytrace=False)
-        cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.root)]
+            pytest.fail(
+                "redis-server is not installed (make test installs it: apt-get install redis-server)", pytrace=False
+            )
+        cmd = [
+            exe,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.root),
+        ]
         if self.password:
             cmd += ["--requirepass", self.password]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -72,8 +86,7 @@ def redis_server() -> Iterator[Redis]:
 def clean_env(**extra: str) -> dict[str, str]:
     """The parent's environment minus every torchdeck/AWS setting, plus `extra`: a subprocess sees
     exactly the configuration a test gives it."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHDECK_", "AWS_", "POSTGRES_", "REDIS_", "PG"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHDECK_", "AWS_", "POSTGRES_", "REDIS_", "PG"))}
     env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
     env.update(extra)
     return env
@@ -95,7 +108,9 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 6
             last = e
             time.sleep(0.3)
     tail = log.read_text()[-3000:] if log and log.exists() else ""
-    raise AssertionError(f"{url} did not answer within {timeout}s ({last}; exit {proc.poll() if proc else '-'})\n{tail}")
+    raise AssertionError(
+        f"{url} did not answer within {timeout}s ({last}; exit {proc.poll() if proc else '-'})\n{tail}"
+    )
 
 
 def stop(proc: subprocess.Popen, grace: float = 10) -> None:

@@ -40,10 +40,19 @@ def example_env() -> dict[str, str]:
 def compose(args: list[str], env_file: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("docker-compose")
     if exe is None:
-        pytest.fail("docker-compose is not installed (make test installs it: apt-get install docker-compose)", pytrace=False)
+        pytest.fail(
+            "docker-compose is not installed (make test installs it: apt-get install docker-compose)", pytrace=False
+        )
     # A clean environment: only the env file configures it (the shell's variables would win otherwise).
-    return subprocess.run([exe, "--env-file", str(env_file), "-f", str(COMPOSE), *args], cwd=env_file.parent,
-                          env=clean_env(), check=False, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [exe, "--env-file", str(env_file), "-f", str(COMPOSE), *args],
+        cwd=env_file.parent,
+        env=clean_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def write_env(path: Path, values: dict[str, str]) -> Path:
@@ -118,7 +127,9 @@ def test_healthchecks(resolved):
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert "PONG" in " ".join(services["redis"]["healthcheck"]["test"])
     assert "/_stcore/health" in " ".join(services["app"]["healthcheck"]["test"])
-    assert "gpu0@" in " ".join(services["worker-gpu"]["healthcheck"]["test"])  # the node name `torchdeck worker --gpus 0` gives
+    assert "gpu0@" in " ".join(
+        services["worker-gpu"]["healthcheck"]["test"]
+    )  # the node name `torchdeck worker --gpus 0` gives
     assert "cpu@" in " ".join(services["worker-cpu"]["healthcheck"]["test"])
 
 
@@ -140,8 +151,15 @@ def test_one_gpu_per_gpu_worker(resolved):
 
 def test_every_torchdeck_service_gets_the_same_configuration(resolved):
     services = resolved["services"]
-    shared = ("TORCHDECK_DATABASE_URL", "TORCHDECK_BROKER_URL", "TORCHDECK_ARTIFACTS", "TORCHDECK_S3_ENDPOINT_URL",
-              "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    shared = (
+        "TORCHDECK_DATABASE_URL",
+        "TORCHDECK_BROKER_URL",
+        "TORCHDECK_ARTIFACTS",
+        "TORCHDECK_S3_ENDPOINT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_DEFAULT_REGION",
+    )
     for name in TORCHDECK:
         env = services[name]["environment"]
         for key in shared:
@@ -160,7 +178,9 @@ def test_no_secret_is_written_in_the_compose_file():
         for key, value in (service.get("environment") or {}).items():
             if secretish.search(key):
                 assert not literal(value), f"{name}: {key} is written in the file; take it from the environment"
-                assert re.fullmatch(r"\$\{" + key + r"(:[-?][^}]*)?\}", value), f"{name}: {key} comes from another variable"
+                assert re.fullmatch(r"\$\{" + key + r"(:[-?][^}]*)?\}", value), (
+                    f"{name}: {key} comes from another variable"
+                )
     text = COMPOSE.read_text()
     assert not re.search(r"://[^:/\s]*:[^@$\s]+@", text), "a URL with a password is written in the compose file"
 
@@ -192,8 +212,11 @@ def test_dockerfiles():
     assert "import torch" in app_df and "exit 1" in app_df  # the build fails if torch gets in
     assert not re.search(r"pip install[^\n]*torch", app_df)
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:", worker_df, re.MULTILINE) and "FROM ${CUDA_IMAGE}" in worker_df
-    pins = {d.split("==")[0]: d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-            + _worker_extra() if "==" in d}
+    pins = {
+        d.split("==")[0]: d
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"] + _worker_extra()
+        if "==" in d
+    }
     for pkg in ("torch", "torchvision"):
         assert pins[pkg] in worker_df, f"worker.Dockerfile must install {pins[pkg]} (pyproject's pin)"
     assert '".[worker]"' in worker_df
@@ -204,7 +227,11 @@ def test_dockerfiles():
 
 
 def _worker_extra() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("optional-dependencies", {}).get("worker", [])
+    return (
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        .get("optional-dependencies", {})
+        .get("worker", [])
+    )
 
 
 def test_the_app_image_install_has_no_torch():

@@ -21,8 +21,15 @@ pytestmark = pytest.mark.timeout(120)
 
 def doctor(env: dict[str, str]) -> tuple[int, str]:
     """The real command, as an operator runs it."""
-    done = subprocess.run([str(VENV_BIN / "torchdeck"), "doctor"], cwd=ROOT, env=clean_env(**env),
-                          check=False, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(VENV_BIN / "torchdeck"), "doctor"],
+        cwd=ROOT,
+        env=clean_env(**env),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -50,7 +57,7 @@ def line(out: str, mark: str, name: str) -> str:
     for i, ln in enumerate(lines):
         if ln.startswith(f"{mark} {name}:"):
             block = [ln]
-            for more in lines[i + 1:]:
+            for more in lines[i + 1 :]:
                 if not more.startswith("    "):
                     break
                 block.append(more)
@@ -68,8 +75,12 @@ def deployment(tmp_path: Path, redis_server) -> dict[str, str]:
     upsert_worker(engine, "cpu@testhost", hostname="testhost", queues=["cpu"], devices=[{"kind": "cpu", "cores": 2}])
     upsert_worker(engine, "jobs@testhost", hostname="testhost", queues=["jobs"], devices=[{"kind": "cpu", "cores": 2}])
     engine.dispose()
-    return {"TORCHDECK_HOME": str(tmp_path / "home"), "TORCHDECK_DATABASE_URL": url,
-            "TORCHDECK_BROKER_URL": redis_server.url(), "TORCHDECK_ARTIFACTS": str(tmp_path / "artifacts")}
+    return {
+        "TORCHDECK_HOME": str(tmp_path / "home"),
+        "TORCHDECK_DATABASE_URL": url,
+        "TORCHDECK_BROKER_URL": redis_server.url(),
+        "TORCHDECK_ARTIFACTS": str(tmp_path / "artifacts"),
+    }
 
 
 def test_healthy_deployment_passes(deployment):
@@ -119,7 +130,9 @@ def test_wrong_database_port(deployment, doctor_here):
     from tests._servers import free_port
 
     port = free_port()  # nothing listens there
-    code, out = doctor_here({**deployment, "TORCHDECK_DATABASE_URL": f"postgresql://torchdeck:secret-pw@127.0.0.1:{port}/torchdeck"})
+    code, out = doctor_here(
+        {**deployment, "TORCHDECK_DATABASE_URL": f"postgresql://torchdeck:secret-pw@127.0.0.1:{port}/torchdeck"}
+    )
     assert code == 1
     db = line(out, "✗", "database")
     assert f"cannot connect to postgresql+psycopg://torchdeck:***@127.0.0.1:{port}/torchdeck" in db
@@ -145,7 +158,9 @@ def test_unwritable_artifact_folder(deployment, tmp_path):
     assert "fix: make" in art and "writable" in art
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits; the file-in-the-way case covers root")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root writes through permission bits; the file-in-the-way case covers root"
+)
 def test_read_only_artifact_folder(deployment, tmp_path, doctor_here):
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -199,14 +214,22 @@ def test_team_mode_without_sign_in_settings(deployment, doctor_here):
     code, out = doctor_here({**deployment, "TORCHDECK_MODE": "team", "TORCHDECK_OIDC_CLIENT_ID": "torchdeck"})
     assert code == 1
     sign_in = line(out, "✗", "sign-in")
-    assert "TORCHDECK_OIDC_SERVER_METADATA_URL" in sign_in and "TORCHDECK_OIDC_CLIENT_ID" not in sign_in.split("fix:")[0]
+    assert (
+        "TORCHDECK_OIDC_SERVER_METADATA_URL" in sign_in and "TORCHDECK_OIDC_CLIENT_ID" not in sign_in.split("fix:")[0]
+    )
 
 
 def test_team_mode_warns_when_everyone_signed_in_is_a_member(deployment, doctor_here):
-    team = {**deployment, "TORCHDECK_MODE": "team", "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
-            "TORCHDECK_OIDC_CLIENT_ID": "torchdeck", "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
-            "TORCHDECK_OIDC_REDIRECT_URI": "https://torchdeck.example.com/oauth2callback",
-            "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret", "TORCHDECK_ADMINS": "root@example.com"}
+    team = {
+        **deployment,
+        "TORCHDECK_MODE": "team",
+        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
+        "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
+        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+        "TORCHDECK_OIDC_REDIRECT_URI": "https://torchdeck.example.com/oauth2callback",
+        "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret",
+        "TORCHDECK_ADMINS": "root@example.com",
+    }
     code, out = doctor_here(team)
     assert code == 0, out  # a warning, not a failure
     sign_in = line(out, "✓", "sign-in")

@@ -40,9 +40,18 @@ RUN = {  # tiny: ~1,400 real 12×12 digits, one epoch, ONNX export
 def resolved_services(env_file: Path) -> dict:
     exe = shutil.which("docker-compose")
     if exe is None:
-        pytest.fail("docker-compose is not installed (make test installs it: apt-get install docker-compose)", pytrace=False)
-    done = subprocess.run([exe, "--env-file", str(env_file), "-f", str(ROOT / "docker-compose.yml"), "config"],
-                          cwd=env_file.parent, env=clean_env(), check=False, capture_output=True, text=True, timeout=60)
+        pytest.fail(
+            "docker-compose is not installed (make test installs it: apt-get install docker-compose)", pytrace=False
+        )
+    done = subprocess.run(
+        [exe, "--env-file", str(env_file), "-f", str(ROOT / "docker-compose.yml"), "config"],
+        cwd=env_file.parent,
+        env=clean_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)["services"]
 
@@ -60,17 +69,34 @@ class Services:
 
     def env(self, name: str) -> dict[str, str]:
         # Docker sets HOSTNAME; the image sets TORCHDECK_HOME (one per container here too).
-        return clean_env(**self.services[name]["environment"], TORCHDECK_HOME=str(self.tmp / name),
-                         HOSTNAME=socket.gethostname(), PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+        return clean_env(
+            **self.services[name]["environment"],
+            TORCHDECK_HOME=str(self.tmp / name),
+            HOSTNAME=socket.gethostname(),
+            PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        )
 
     def run(self, name: str, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(native(self.services[name]["command"], **kw), cwd=ROOT, env=self.env(name),
-                              check=False, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            native(self.services[name]["command"], **kw),
+            cwd=ROOT,
+            env=self.env(name),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def start(self, name: str, **kw) -> subprocess.Popen:
         log = (self.tmp / f"{name}.log").open("wb")
-        p = subprocess.Popen(native(self.services[name]["command"], **kw), cwd=ROOT, env=self.env(name),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            native(self.services[name]["command"], **kw),
+            cwd=ROOT,
+            env=self.env(name),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[name] = p
         return p
 
@@ -81,7 +107,9 @@ class Services:
         argv = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else native(test[1:])
         if port is not None:
             argv = [a.replace(":8501/", f":{port}/") for a in argv]
-        return subprocess.run(argv, cwd=ROOT, env=self.env(name), check=False, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            argv, cwd=ROOT, env=self.env(name), check=False, capture_output=True, text=True, timeout=60
+        )
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.tmp.glob("*.log"))

@@ -29,20 +29,27 @@ from tests.team.conftest import ROOT, VENV_BIN, clean_env, stop, wait_http
 pytestmark = pytest.mark.timeout(180)
 HOST = "torchdeck.example.com"
 # Team mode as a deployment configures it; the provider is never contacted (nobody signs in here).
-TEAM = {"TORCHDECK_MODE": "team", "TORCHDECK_UI_ADDRESS": "127.0.0.1",
-        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab", "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
-        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret", "TORCHDECK_OIDC_REDIRECT_URI": f"https://{HOST}/oauth2callback",
-        "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret-for-tests"}
+TEAM = {
+    "TORCHDECK_MODE": "team",
+    "TORCHDECK_UI_ADDRESS": "127.0.0.1",
+    "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
+    "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
+    "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+    "TORCHDECK_OIDC_REDIRECT_URI": f"https://{HOST}/oauth2callback",
+    "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret-for-tests",
+}
 
 
 def templated(tmp: Path, http_port: int, https_port: int, app_port: int) -> Path:
     """The shipped site file with only its ports and certificate paths replaced."""
     site = (ROOT / "deploy" / "nginx.conf").read_text()
-    for old, new in {"listen 80;": f"listen 127.0.0.1:{http_port};",
-                     "listen 443 ssl;": f"listen 127.0.0.1:{https_port} ssl;",
-                     "server 127.0.0.1:8501;": f"server 127.0.0.1:{app_port};",
-                     f"/etc/letsencrypt/live/{HOST}/fullchain.pem": str(tmp / "cert.pem"),
-                     f"/etc/letsencrypt/live/{HOST}/privkey.pem": str(tmp / "key.pem")}.items():
+    for old, new in {
+        "listen 80;": f"listen 127.0.0.1:{http_port};",
+        "listen 443 ssl;": f"listen 127.0.0.1:{https_port} ssl;",
+        "server 127.0.0.1:8501;": f"server 127.0.0.1:{app_port};",
+        f"/etc/letsencrypt/live/{HOST}/fullchain.pem": str(tmp / "cert.pem"),
+        f"/etc/letsencrypt/live/{HOST}/privkey.pem": str(tmp / "key.pem"),
+    }.items():
         assert site.count(old) == 1, f"deploy/nginx.conf no longer has {old!r} once: update this test's template"
         site = site.replace(old, new)
     (tmp / "torchdeck.conf").write_text(site)
@@ -76,15 +83,44 @@ def behind_nginx(tmp: Path, mode: dict[str, str], ready: int = 200) -> Iterator[
     upgrade(url)
     app_port, http_port, https_port = free_port(), free_port(), free_port()
     log = tmp / "streamlit.log"
-    env = clean_env(TORCHDECK_DATABASE_URL=url, TORCHDECK_HOME=str(tmp / "home"),
-                    TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0", **mode)
-    app = subprocess.Popen([str(VENV_BIN / "torchdeck"), "ui", "--port", str(app_port)],
-                           cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = clean_env(
+        TORCHDECK_DATABASE_URL=url,
+        TORCHDECK_HOME=str(tmp / "home"),
+        TORCHDECK_BROKER_URL="redis://127.0.0.1:1/0",
+        **mode,
+    )
+    app = subprocess.Popen(
+        [str(VENV_BIN / "torchdeck"), "ui", "--port", str(app_port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     proxy = None
     try:
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                        "-keyout", str(tmp / "key.pem"), "-out", str(tmp / "cert.pem"), "-days", "1", "-subj", f"/CN={HOST}"],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(tmp / "key.pem"),
+                "-out",
+                str(tmp / "cert.pem"),
+                "-days",
+                "1",
+                "-subj",
+                f"/CN={HOST}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         conf = templated(tmp, http_port, https_port, app_port)
         base = [nginx, "-p", str(tmp), "-e", str(tmp / "error.log"), "-c", str(conf)]
         checked = subprocess.run([*base, "-t"], check=False, capture_output=True, text=True, timeout=30)
@@ -119,7 +155,9 @@ def browser() -> Iterator:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} 127.0.0.1"])
+        b = p.chromium.launch(
+            executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {HOST} 127.0.0.1"]
+        )
         yield b
         b.close()
 
@@ -156,8 +194,10 @@ def _wait_proxy(port: int, proxy: subprocess.Popen, log: Path, ready: int = 200,
             last = e
         time.sleep(0.3)
     tail = log.read_text()[-3000:] if log.exists() else ""
-    raise AssertionError(f"nginx on {port} did not pass /_stcore/health through within {timeout:.0f} s "
-                         f"({last}; exit {proxy.poll()})\n{tail}")
+    raise AssertionError(
+        f"nginx on {port} did not pass /_stcore/health through within {timeout:.0f} s "
+        f"({last}; exit {proxy.poll()})\n{tail}"
+    )
 
 
 def tls() -> ssl.SSLContext:
@@ -168,8 +208,11 @@ def tls() -> ssl.SSLContext:
 
 
 def get(port: int, path: str, *, https: bool = True) -> http.client.HTTPResponse:
-    conn = (http.client.HTTPSConnection("127.0.0.1", port, context=tls(), timeout=15) if https
-            else http.client.HTTPConnection("127.0.0.1", port, timeout=15))
+    conn = (
+        http.client.HTTPSConnection("127.0.0.1", port, context=tls(), timeout=15)
+        if https
+        else http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    )
     conn.request("GET", path, headers={"Host": f"{HOST}:{port}" if https else HOST})
     return conn.getresponse()
 
@@ -198,8 +241,15 @@ def _stream(port: int, origin: str):
     from websockets.sync.client import connect
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=15)
-    return connect(f"wss://{HOST}:{port}/_stcore/stream", sock=sock, ssl=tls(), origin=origin,
-                   subprotocols=["streamlit"], open_timeout=15, max_size=None)
+    return connect(
+        f"wss://{HOST}:{port}/_stcore/stream",
+        sock=sock,
+        ssl=tls(),
+        origin=origin,
+        subprotocols=["streamlit"],
+        open_timeout=15,
+        max_size=None,
+    )
 
 
 def test_websocket_upgrade_and_a_whole_script_run(proxied):

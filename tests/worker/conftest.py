@@ -65,9 +65,26 @@ class RedisServer:
     def start(self) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
-            pytest.fail("redis-server is not installed (make test installs it: apt-get install redis-server)", pytrace=False)
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                      "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            pytest.fail(
+                "redis-server is not installed (make test installs it: apt-get install redis-server)", pytrace=False
+            )
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import redis
 
         deadline = time.monotonic() + 60  # a bound, not a wait: a busy machine (xdist workers) starts it later
@@ -110,10 +127,30 @@ class Stack:
 
     def start_worker(self, name: str, node: str | None = None, **extra_env: str) -> subprocess.Popen:
         """A worker process; `node` (default: `name`) is its Celery node name, which two workers may share."""
-        cmd = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-P", "solo", "-c", "1", "-Q", "gpu,cpu",
-               "-n", f"{node or name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.celery_app",
+            "worker",
+            "-P",
+            "solo",
+            "-c",
+            "1",
+            "-Q",
+            "gpu,cpu",
+            "-n",
+            f"{node or name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "INFO",
+        ]
         log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the worker's life
-        p = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.workers[name] = p
         return p
 
@@ -147,7 +184,9 @@ class Stack:
             if run.status in until:
                 return run
             time.sleep(0.3)
-        raise AssertionError(f"run {run_id} still {get_run(self.engine, run_id).status} after {timeout}s\n{self.logs()}")
+        raise AssertionError(
+            f"run {run_id} still {get_run(self.engine, run_id).status} after {timeout}s\n{self.logs()}"
+        )
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.home.glob("*.log"))
@@ -206,9 +245,19 @@ def stack(request, tmp_path, redis_server, postgres, monkeypatch) -> Iterator[St
 
     db_index = 1 + (abs(hash(request.node.nodeid)) % 14)
     redis.Redis(port=redis_server.port, db=db_index).flushdb()
-    env = {**os.environ, "TORCHDECK_HOME": str(home), "TORCHDECK_DATABASE_URL": url,
-           "TORCHDECK_BROKER_URL": redis_server.url(db_index), "TORCHDECK_STALE_AFTER_S": "12", "TORCHDECK_REAP_EVERY_S": "1", "TORCHDECK_REQUEUE_AFTER_S": "20",
-           "TORCHDECK_HEARTBEAT_S": "1", "TORCHDECK_CANCEL_GRACE_S": "5", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "TORCHDECK_HOME": str(home),
+        "TORCHDECK_DATABASE_URL": url,
+        "TORCHDECK_BROKER_URL": redis_server.url(db_index),
+        "TORCHDECK_STALE_AFTER_S": "12",
+        "TORCHDECK_REAP_EVERY_S": "1",
+        "TORCHDECK_REQUEUE_AFTER_S": "20",
+        "TORCHDECK_HEARTBEAT_S": "1",
+        "TORCHDECK_CANCEL_GRACE_S": "5",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     for k in ("TORCHDECK_HOME", "TORCHDECK_DATABASE_URL", "TORCHDECK_BROKER_URL"):
         monkeypatch.setenv(k, env[k])
     s = Stack(env=env, url=url, home=home)

@@ -41,7 +41,7 @@ def test_n_cpu_workers_have_unique_names_the_first_one_cpu(machine):
     for cmd, env in cmds:
         assert cmd[cmd.index("-Q") + 1] == "cpu" and cmd[cmd.index("-P") + 1] == "solo"
         assert env["CUDA_VISIBLE_DEVICES"] == ""
-    (one, _), = worker_commands(None, ["gpu", "cpu"])
+    ((one, _),) = worker_commands(None, ["gpu", "cpu"])
     assert _node(one) == "cpu@%h" and one[one.index("-Q") + 1] == "gpu,cpu"
 
 
@@ -54,7 +54,9 @@ def test_the_physical_cores_are_split_between_the_workers(machine, n, threads):
 
 def test_a_thread_count_set_in_the_environment_wins(machine):
     machine.setenv("OMP_NUM_THREADS", "3")
-    assert {(e["OMP_NUM_THREADS"], e["MKL_NUM_THREADS"]) for _, e in worker_commands(None, None, cpu_workers=2)} == {("3", "3")}
+    assert {(e["OMP_NUM_THREADS"], e["MKL_NUM_THREADS"]) for _, e in worker_commands(None, None, cpu_workers=2)} == {
+        ("3", "3")
+    }
     machine.setenv("MKL_NUM_THREADS", "5")
     assert cpu_threads(2) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "5"}
     assert cpu_threads(2, {}) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}  # what the environment gives
@@ -87,13 +89,16 @@ def test_queues_cpu_with_workers_asks_for_cpu_workers_even_on_a_gpu_host(machine
     assert refused.value.exit_code == 2
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["worker", "--gpus", "0,1", "--workers", "2"], "one worker per GPU"),
-    (["worker", "--queues", "cpu", "--workers", "0"], "at least 1"),
-    (["worker", "--queues", "cpu", "--workers", "9"], "more than the 8 CPU core"),
-    (["up", "--no-ui", "--workers", "9"], "more than the 8 CPU core"),
-    (["up", "--no-ui", "--workers", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["worker", "--gpus", "0,1", "--workers", "2"], "one worker per GPU"),
+        (["worker", "--queues", "cpu", "--workers", "0"], "at least 1"),
+        (["worker", "--queues", "cpu", "--workers", "9"], "more than the 8 CPU core"),
+        (["up", "--no-ui", "--workers", "9"], "more than the 8 CPU core"),
+        (["up", "--no-ui", "--workers", "0"], "at least 1"),
+    ],
+)
 def test_the_cli_refuses_before_anything_starts(machine, tmp_path, args, message):
     machine.setenv("TORCHDECK_HOME", str(tmp_path))
     machine.setattr(launcher.ProcessGroup, "start", lambda *a, **k: pytest.fail("a process was started"))
@@ -117,7 +122,9 @@ def test_up_keeps_one_worker_on_a_gpu_machine_and_says_how_many_it_runs(machine,
 def _start(stack, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     name = _node(cmd).split("@")[0]
     log = open(stack.home / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the worker's life
-    p = subprocess.Popen(cmd, cwd=ROOT, env={**stack.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env={**stack.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     stack.workers[name] = p  # stopped by the stack fixture
     return p
 
@@ -128,7 +135,9 @@ def _points(stack, run_id: str) -> int:
     from db.models import Metric
 
     with stack.engine.connect() as c:
-        return c.execute(select(func.count()).select_from(Metric).where(Metric.run_id == run_id, Metric.key == "train/loss")).scalar()
+        return c.execute(
+            select(func.count()).select_from(Metric).where(Metric.run_id == run_id, Metric.key == "train/loss")
+        ).scalar()
 
 
 def test_two_cpu_workers_run_two_runs_side_by_side(stack, monkeypatch):
@@ -148,8 +157,11 @@ def test_two_cpu_workers_run_two_runs_side_by_side(stack, monkeypatch):
     runs = wait_for(side_by_side, 240, f"the two runs never trained at the same time\n{stack.logs()}", every=0.3)
     assert {r.worker_id.split("@")[0] for r in runs} == {"cpu", "cpu2"}, [r.worker_id for r in runs]
     seen = {i: _points(stack, i) for i in ids}
-    wait_for(lambda: all(_points(stack, i) > seen[i] + 20 for i in ids), 240,
-             f"the two runs did not both keep training\n{stack.logs()}")
+    wait_for(
+        lambda: all(_points(stack, i) > seen[i] + 20 for i in ids),
+        240,
+        f"the two runs did not both keep training\n{stack.logs()}",
+    )
     assert all(get_run(stack.engine, i).status == "running" for i in ids)
     for i in ids:
         cancel(i, engine=stack.engine, by=local_user())

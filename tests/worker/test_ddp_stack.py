@@ -20,15 +20,21 @@ pytestmark = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
 def _rank_1(stack, worker):
     """The run's second rank: the spawned child of the worker's run process (rank 0)."""
     rank_0 = stack.run_process(worker)
-    return wait_for(lambda: next((k for k in rank_0.children() if _live_spawned(k)), None), 180,
-                    f"run process {rank_0.pid} has no rank 1\n{stack.logs()}")
+    return wait_for(
+        lambda: next((k for k in rank_0.children() if _live_spawned(k)), None),
+        180,
+        f"run process {rank_0.pid} has no rank 1\n{stack.logs()}",
+    )
 
 
 def test_a_killed_rank_makes_the_run_lost_and_it_resumes_with_every_point_once(stack):
     worker = stack.start_worker("a")
     run_id = stack.submit("train.epochs=4", "resources.gpus=2")
-    wait_for(lambda: (stack.run_dir(run_id) / "checkpoints" / "last.pt").is_file(), 300,
-             f"no checkpoint of {run_id}\n{stack.logs()}")
+    wait_for(
+        lambda: (stack.run_dir(run_id) / "checkpoints" / "last.pt").is_file(),
+        300,
+        f"no checkpoint of {run_id}\n{stack.logs()}",
+    )
     _rank_1(stack, worker).kill()
     r = stack.wait(run_id, timeout=600)
     assert r.status == "completed", (r.error, stack.logs())
@@ -44,12 +50,14 @@ def test_a_killed_rank_makes_the_run_lost_and_it_resumes_with_every_point_once(s
 def test_a_killed_rank_0_leaves_no_orphan_rank_and_the_run_resumes(stack):
     worker = stack.start_worker("a")
     run_id = stack.submit("train.epochs=4", "resources.gpus=2")
-    wait_for(lambda: (stack.run_dir(run_id) / "checkpoints" / "last.pt").is_file(), 300,
-             f"no checkpoint of {run_id}\n{stack.logs()}")
+    wait_for(
+        lambda: (stack.run_dir(run_id) / "checkpoints" / "last.pt").is_file(),
+        300,
+        f"no checkpoint of {run_id}\n{stack.logs()}",
+    )
     rank_1 = _rank_1(stack, worker)
     stack.run_process(worker).kill()  # rank 0: the run's own process, which owns the sink
-    wait_for(lambda: not rank_1.is_running() or rank_1.status() == psutil.STATUS_ZOMBIE, 120,
-             "rank 1 outlived rank 0")
+    wait_for(lambda: not rank_1.is_running() or rank_1.status() == psutil.STATUS_ZOMBIE, 120, "rank 1 outlived rank 0")
     r = stack.wait(run_id, timeout=600)
     assert r.status == "completed" and r.attempt == 2, (r.status, r.attempt, r.error)
     total = r.summary["global_step"]

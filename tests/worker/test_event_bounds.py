@@ -26,8 +26,13 @@ def test_the_cap_is_64_kb():
 
 
 def test_small_data_is_left_exactly_as_it_is():
-    data = {"code": "evaluation", "epoch": 3, "per_class_acc": [0.5] * 50, "class_names": [f"c{i}" for i in range(50)],
-            "confusion": [[1] * 50 for _ in range(50)]}
+    data = {
+        "code": "evaluation",
+        "epoch": 3,
+        "per_class_acc": [0.5] * 50,
+        "class_names": [f"c{i}" for i in range(50)],
+        "confusion": [[1] * 50 for _ in range(50)],
+    }
     assert _size(data) < MAX_EVENT_DATA
     assert bounded(data) is data
 
@@ -57,8 +62,12 @@ def _value(n: int, c: str, shape: str):
 
 def _fields(sizes, **kw):
     keys = st.text(min_size=1, max_size=60).filter(lambda k: k != "truncated")  # the one name bounded() uses
-    return st.lists(st.tuples(keys, sizes, st.sampled_from(["a", "é", '"', "\\", "\n"]),
-                              st.sampled_from(["str", "list", "dict", "num"])), **kw)
+    return st.lists(
+        st.tuples(
+            keys, sizes, st.sampled_from(["a", "é", '"', "\\", "\n"]), st.sampled_from(["str", "list", "dict", "num"])
+        ),
+        **kw,
+    )
 
 
 # A few fields from bytes to 40 KB each, or many of up to 2 KB (that add up); some characters JSON escapes
@@ -97,8 +106,12 @@ def test_a_run_process_stores_a_huge_event_within_the_cap(engine, tmp_path):
     sink = DbSink(engine, run.id, "w1", WorkerSettings(flush_s=0.05, heartbeat_s=0.1), run_dir=tmp_path / "run")
     try:
         sink.event("lifecycle", "error", "RuntimeError: boom", {"code": "failed", "traceback": "x" * 5_000_000}, step=3)
-        sink.event("data", "warning", "3000 unreadable image(s) skipped",
-                   {"code": "skipped_images", **{f"f{i}": f"cat/{i:04d}.png " * 100 for i in range(3000)}})
+        sink.event(
+            "data",
+            "warning",
+            "3000 unreadable image(s) skipped",
+            {"code": "skipped_images", **{f"f{i}": f"cat/{i:04d}.png " * 100 for i in range(3000)}},
+        )
         sink.event("evaluation", "info", "epoch 1", {"code": "evaluation", "per_class_acc": [0.9, 0.8]}, step=4)
         assert sink.flush(60)
     finally:

@@ -46,13 +46,28 @@ def team(tmp_path_factory, redis_server):
     url = f"sqlite:///{root / 'torchdeck.db'}"
     upgrade(url)
     redis.Redis(port=redis_server.port, db=15).flushdb()
-    shared = {"TORCHDECK_DATABASE_URL": url, "TORCHDECK_BROKER_URL": redis_server.url(15),
-              "TORCHDECK_ARTIFACTS": str(root / "artifacts")}
-    env = {**os.environ, **shared, "TORCHDECK_HOME": str(root / "worker-home"), "TORCHDECK_HEARTBEAT_S": "1",
-           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    shared = {
+        "TORCHDECK_DATABASE_URL": url,
+        "TORCHDECK_BROKER_URL": redis_server.url(15),
+        "TORCHDECK_ARTIFACTS": str(root / "artifacts"),
+    }
+    env = {
+        **os.environ,
+        **shared,
+        "TORCHDECK_HOME": str(root / "worker-home"),
+        "TORCHDECK_HEARTBEAT_S": "1",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     log = open(root / "worker.log", "ab")  # noqa: SIM115 - kept open for the worker's life
-    proc = subprocess.Popen([TORCHDECK, "worker", "--queues", "cpu"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [TORCHDECK, "worker", "--queues", "cpu"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {**shared, "TORCHDECK_HOME": str(root / "app-home")}.items():
             mp.setenv(k, v)
@@ -146,8 +161,12 @@ def test_no_jobs_worker_gives_a_clear_error(tmp_path, redis_server, monkeypatch)
     url = f"sqlite:///{tmp_path / 'alone.db'}"
     upgrade(url)
     redis.Redis(port=redis_server.port, db=0).flushdb()
-    for k, v in {"TORCHDECK_DATABASE_URL": url, "TORCHDECK_BROKER_URL": redis_server.url(0),
-                 "TORCHDECK_HOME": str(tmp_path / "home"), jobs.PICKUP_ENV: "1.5"}.items():
+    for k, v in {
+        "TORCHDECK_DATABASE_URL": url,
+        "TORCHDECK_BROKER_URL": redis_server.url(0),
+        "TORCHDECK_HOME": str(tmp_path / "home"),
+        jobs.PICKUP_ENV: "1.5",
+    }.items():
         monkeypatch.setenv(k, v)
     t0 = time.monotonic()
     result = jobs.preflight(RunSpec.model_validate(TINY), timeout_s=30)
@@ -165,7 +184,10 @@ def test_old_unread_answers_are_swept(tmp_path):
     from worker.jobs import sweep
 
     store = open_store(str(tmp_path / "store"))
-    old, fresh = store.put_bytes(b"{}", "jobs/aaaaaaaa/result.json"), store.put_bytes(b"{}", "jobs/bbbbbbbb/result.json")
+    old, fresh = (
+        store.put_bytes(b"{}", "jobs/aaaaaaaa/result.json"),
+        store.put_bytes(b"{}", "jobs/bbbbbbbb/result.json"),
+    )
     os.utime(store.local_path(old.key), (time.time() - 7200, time.time() - 7200))
     assert sweep(store) == 1
     assert store.list("jobs") == [fresh.key]

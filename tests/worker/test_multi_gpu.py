@@ -48,11 +48,11 @@ def _queues(cmd: list[str]) -> list[str]:
 
 
 def test_multi_gpu_starts_one_worker_owning_all_its_gpus_for_runs_of_two_to_n():
-    (cmd, env), = worker_commands([0, 1, 2, 3], None, multi_gpu=True)
+    ((cmd, env),) = worker_commands([0, 1, 2, 3], None, multi_gpu=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and _node(cmd) == "gpu0-3@%h"
     assert _queues(cmd) == ["gpu-x2", "gpu-x3", "gpu-x4"]  # not `gpu`: single-GPU runs stay one per GPU
     assert cmd[cmd.index("-P") + 1] == "solo"
-    (cmd, env), = worker_commands([4, 6], None, multi_gpu=True)
+    ((cmd, env),) = worker_commands([4, 6], None, multi_gpu=True)
     assert env["CUDA_VISIBLE_DEVICES"] == "4,6" and _node(cmd) == "gpu4_6@%h" and _queues(cmd) == ["gpu-x2"]
     default = worker_commands([0, 1, 2, 3], None)  # the default is unchanged: one worker per GPU
     assert [_node(c) for c, _ in default] == ["gpu0@%h", "gpu1@%h", "gpu2@%h", "gpu3@%h"]
@@ -71,13 +71,13 @@ def test_multi_gpu_refuses_what_it_cannot_serve():
 def test_the_cli_passes_multi_gpu_and_up_lets_its_one_worker_take_multi_gpu_runs(monkeypatch):
     import app.cli.processes as launcher
 
-    (cmd, env), = _worker_commands("0,1,2,3", None, None, True)
+    ((cmd, env),) = _worker_commands("0,1,2,3", None, None, True)
     assert _node(cmd) == "gpu0-3@%h" and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     monkeypatch.setattr(launcher, "gpu_count", lambda: 1)
     with pytest.raises(typer.Exit):  # one GPU found: said, and nothing starts
         _worker_commands(None, None, None, True)
     monkeypatch.setattr(launcher, "gpu_count", lambda: 4)
-    (cmd, _), = _up_workers(1)[0]
+    ((cmd, _),) = _up_workers(1)[0]
     assert _queues(cmd) == ["gpu", "cpu", "gpu-x2", "gpu-x3", "gpu-x4"]
 
 
@@ -154,7 +154,11 @@ def test_a_lost_rank_is_recorded_by_the_run_process_without_failing_the_run(stac
     (event,) = [e for e in list_events(engine, run.id) if e.code == "rank_lost"]
     assert event.level == "warning" and event.message.startswith("rank 2 of 4 of this run's processes died")
     assert "resumes from its last checkpoint" in event.message
-    assert {k: event.data[k] for k in ("rank", "world_size", "exitcode")} == {"rank": 2, "world_size": 4, "exitcode": -9}
+    assert {k: event.data[k] for k in ("rank", "world_size", "exitcode")} == {
+        "rank": 2,
+        "world_size": 4,
+        "exitcode": -9,
+    }
     assert get_run(engine, run.id).status == "running"  # the supervisor decides, not the run process
     other = _running(engine)
     assert not _record(engine, other.id, ValueError("bad shape"))  # any other error fails the run as before

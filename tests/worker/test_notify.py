@@ -84,11 +84,26 @@ def hooks():
 
 def record(**changes) -> RunRecord:
     base = RunRecord(
-        id="r0123456789", name="digits cnn", owner="https://idp.example.com#alice", status="completed", spec={},
-        spec_hash="h", created_at=START, started_at=START, finished_at=START + timedelta(seconds=65),
-        heartbeat_at=None, worker_id="w1", device="cpu", attempt=1, progress=1.0,
+        id="r0123456789",
+        name="digits cnn",
+        owner="https://idp.example.com#alice",
+        status="completed",
+        spec={},
+        spec_hash="h",
+        created_at=START,
+        started_at=START,
+        finished_at=START + timedelta(seconds=65),
+        heartbeat_at=None,
+        worker_id="w1",
+        device="cpu",
+        attempt=1,
+        progress=1.0,
         summary={"best": {"metric": "val/loss", "value": 0.123456, "epoch": 3}, "wall_time_s": 64.2},
-        error=None, tags=(), parent_id=None, cancel_requested=False)
+        error=None,
+        tags=(),
+        parent_id=None,
+        cancel_requested=False,
+    )
     return replace(base, **changes)
 
 
@@ -101,28 +116,48 @@ def warnings_of(caplog) -> list[str]:
 
 def test_payload_of_a_completed_run():
     p = build_payload(record(), "https://td.example.com/")
-    assert p["run"] == {"id": "r0123456789", "name": "digits cnn", "owner": "https://idp.example.com#alice",
-                        "status": "completed", "best": {"metric": "val/loss", "value": 0.123456, "epoch": 3},
-                        "error": None, "sweep_id": None, "url": "https://td.example.com/run?id=r0123456789"}
-    assert p["text"] == ('torchdeck run "digits cnn" completed · best val/loss 0.1235 (epoch 3) · took 1m 05s'
-                         " · https://td.example.com/run?id=r0123456789")
+    assert p["run"] == {
+        "id": "r0123456789",
+        "name": "digits cnn",
+        "owner": "https://idp.example.com#alice",
+        "status": "completed",
+        "best": {"metric": "val/loss", "value": 0.123456, "epoch": 3},
+        "error": None,
+        "sweep_id": None,
+        "url": "https://td.example.com/run?id=r0123456789",
+    }
+    assert p["text"] == (
+        'torchdeck run "digits cnn" completed · best val/loss 0.1235 (epoch 3) · took 1m 05s'
+        " · https://td.example.com/run?id=r0123456789"
+    )
     assert "\n" not in p["text"]
     json.dumps(p, allow_nan=False)
 
 
 def test_payload_of_a_failed_run_has_the_first_line_of_its_error_and_no_link_without_a_public_url():
-    run = record(status="failed", summary={"best": None}, finished_at=START + timedelta(hours=2, minutes=3),
-                 error="CUDA out of memory. Tried to allocate 2.00 GiB\nTraceback (most recent call last):\n  ...")
+    run = record(
+        status="failed",
+        summary={"best": None},
+        finished_at=START + timedelta(hours=2, minutes=3),
+        error="CUDA out of memory. Tried to allocate 2.00 GiB\nTraceback (most recent call last):\n  ...",
+    )
     p = build_payload(run)
     assert p["run"]["status"] == "failed" and p["run"]["best"] is None and p["run"]["url"] is None
     assert p["run"]["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB"
-    assert p["text"] == ('torchdeck run "digits cnn" failed · took 2h 03m · error: CUDA out of memory. '
-                         "Tried to allocate 2.00 GiB")
+    assert p["text"] == (
+        'torchdeck run "digits cnn" failed · took 2h 03m · error: CUDA out of memory. Tried to allocate 2.00 GiB'
+    )
 
 
 def test_payload_of_a_pruned_sweep_trial():
-    run = record(status="pruned", sweep_id="s42", trial=7, started_at=None, finished_at=None,
-                 summary={"best": {"metric": "val/acc", "value": 0.5, "epoch": 1}, "wall_time_s": 12.4})
+    run = record(
+        status="pruned",
+        sweep_id="s42",
+        trial=7,
+        started_at=None,
+        finished_at=None,
+        summary={"best": {"metric": "val/acc", "value": 0.5, "epoch": 1}, "wall_time_s": 12.4},
+    )
     p = build_payload(run, "https://td.example.com")
     assert p["run"]["status"] == "pruned" and p["run"]["sweep_id"] == "s42"
     assert p["text"].startswith('torchdeck run "digits cnn" pruned · best val/acc 0.5 (epoch 1) · took 12s')
@@ -147,13 +182,19 @@ PHISH = "<!channel> <https://login.evil.example/sso|Your GPU quota expires: sign
 def test_slack_markup_in_a_runs_name_and_error_is_shown_as_typed_never_acted_on():
     """Slack reads `<!channel>` as a ping of everyone and `<url|words>` as words over a link: a run's name and
     error line are escaped as Slack documents (&amp; &lt; &gt;), so Slack shows them as typed."""
-    run = record(status="failed", name=PHISH, error="bad <input> & <@U123ABC> here\nTraceback …",
-                 summary={"best": {"metric": "val/<acc>", "value": "<!here>", "epoch": 1}})
+    run = record(
+        status="failed",
+        name=PHISH,
+        error="bad <input> & <@U123ABC> here\nTraceback …",
+        summary={"best": {"metric": "val/<acc>", "value": "<!here>", "epoch": 1}},
+    )
     p = build_payload(run, "https://td.example.com")
     text = p["text"]
     assert "<" not in text and ">" not in text, text
-    assert text.startswith('torchdeck run "&lt;!channel&gt; &lt;https://login.evil.example/sso|Your GPU quota '
-                           'expires: sign in again&gt;" failed · best val/&lt;acc&gt; &lt;!here&gt; (epoch 1)'), text
+    assert text.startswith(
+        'torchdeck run "&lt;!channel&gt; &lt;https://login.evil.example/sso|Your GPU quota '
+        'expires: sign in again&gt;" failed · best val/&lt;acc&gt; &lt;!here&gt; (epoch 1)'
+    ), text
     assert "error: bad &lt;input&gt; &amp; &lt;@U123ABC&gt; here" in text
     assert p["run"]["name"] == PHISH and p["run"]["error"] == "bad <input> & <@U123ABC> here"  # data stays data
     # cut to Slack's limit, an entity is never left half (`&l…`)
@@ -162,9 +203,12 @@ def test_slack_markup_in_a_runs_name_and_error_is_shown_as_typed_never_acted_on(
 
 
 def test_no_credential_reaches_the_payload():
-    run = record(status="failed", name="copy of postgresql://td:hunter2@db/x",
-                 error="could not connect to redis://:s3cr3t@redis:6379/0 (https://tok3n@api.example.com/?token=abc)",
-                 summary={"best": {"metric": "https://u:pw9@x/y", "value": 1.0, "epoch": 1}})
+    run = record(
+        status="failed",
+        name="copy of postgresql://td:hunter2@db/x",
+        error="could not connect to redis://:s3cr3t@redis:6379/0 (https://tok3n@api.example.com/?token=abc)",
+        summary={"best": {"metric": "https://u:pw9@x/y", "value": 1.0, "epoch": 1}},
+    )
     sent = json.dumps(build_payload(run, "https://admin:pub1ic@td.example.com"))
     for secret in ("hunter2", "s3cr3t", "tok3n", "token=abc", "pw9", "pub1ic"):
         assert secret not in sent, secret
@@ -213,7 +257,10 @@ def test_a_client_error_is_not_retried(hooks, caplog):
 def test_an_unreachable_port_logs_one_line_and_never_raises(caplog):
     port = free_port()  # nothing listens there
     with caplog.at_level(logging.WARNING, logger=NOTIFY_LOG):
-        assert send_with_retry(f"http://127.0.0.1:{port}/hook?token=sup3rsecret", {"text": "x"}, backoff_s=(0.01,)) is False
+        assert (
+            send_with_retry(f"http://127.0.0.1:{port}/hook?token=sup3rsecret", {"text": "x"}, backoff_s=(0.01,))
+            is False
+        )
     (line,) = warnings_of(caplog)
     assert f"http://127.0.0.1:{port}/…" in line and "3 attempt" in line and "cannot connect" in line
     assert "sup3rsecret" not in line and "token" not in line  # a URL's path and query hold its secret: never logged
@@ -340,8 +387,11 @@ def test_a_worker_posts_the_end_of_its_run(stack, hooks):
     hook = hooks()
     stack.start_worker("w1", TORCHDECK_WEBHOOK_URL=hook.url, TORCHDECK_PUBLIC_URL="https://td.example.com")
     run_id = stack.submit("train.epochs=1", "data.num_samples=600", name="hooked")
-    sent = wait_for(lambda: [p for p in hook.payloads() if p["run"]["id"] == run_id], 120,
-                    f"no webhook POST for run {run_id}\n{stack.logs()}")
+    sent = wait_for(
+        lambda: [p for p in hook.payloads() if p["run"]["id"] == run_id],
+        120,
+        f"no webhook POST for run {run_id}\n{stack.logs()}",
+    )
     assert [p["run"]["status"] for p in sent] == ["completed"], sent
     assert sent[0]["run"]["name"] == "hooked" and sent[0]["run"]["best"]["metric"] == "val/loss"
     assert sent[0]["run"]["url"] == f"https://td.example.com/run?id={run_id}"
@@ -349,5 +399,7 @@ def test_a_worker_posts_the_end_of_its_run(stack, hooks):
     assert get_run(stack.engine, run_id).status == "completed"
     # The next run's end comes after the first one's notification was sent: by then, a duplicate would show.
     div = stack.submit("optim.name=sgd", "optim.lr=1000", "train.grad_clip.mode=none", name="diverging")
-    wait_for(lambda: any(p["run"]["id"] == div for p in hook.payloads()), 120, f"no webhook POST for {div}\n{stack.logs()}")
+    wait_for(
+        lambda: any(p["run"]["id"] == div for p in hook.payloads()), 120, f"no webhook POST for {div}\n{stack.logs()}"
+    )
     assert [(p["run"]["id"], p["run"]["status"]) for p in hook.payloads()] == [(run_id, "completed"), (div, "diverged")]

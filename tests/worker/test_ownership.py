@@ -43,8 +43,15 @@ def test_a_hung_run_process_loses_its_run_to_a_twin_worker_and_the_run_runs_once
     first = stack.wait(run_id, until=("running", "lost"))
     assert _owned_by(a) in first.worker_id
     b = stack.start_worker("b", node="twin")  # same node name, same host: a different worker all the same
-    ids = wait_for(lambda: [w.id for w in list_workers(stack.engine) if w.id.startswith("twin@")]
-                   if len(list_workers(stack.engine)) >= 2 else None, 120, "the second worker did not register")
+    ids = wait_for(
+        lambda: (
+            [w.id for w in list_workers(stack.engine) if w.id.startswith("twin@")]
+            if len(list_workers(stack.engine)) >= 2
+            else None
+        ),
+        120,
+        "the second worker did not register",
+    )
     assert len(set(ids)) == 2, ids
     run = stack.wait(run_id, timeout=300)
     assert run.status == "completed", run.error
@@ -53,8 +60,11 @@ def test_a_hung_run_process_loses_its_run_to_a_twin_worker_and_the_run_runs_once
     evaluations = [e.data["epoch"] for e in list_events(stack.engine, run_id) if e.code == "evaluation"]
     assert evaluations == [1, 2]
     with stack.engine.connect() as c:
-        steps = list(c.execute(select(Metric.step).where(Metric.run_id == run_id, Metric.key == "train/loss")
-                               .order_by(Metric.step)).scalars())
+        steps = list(
+            c.execute(
+                select(Metric.step).where(Metric.run_id == run_id, Metric.key == "train/loss").order_by(Metric.step)
+            ).scalars()
+        )
     assert steps == list(range(1, run.summary["global_step"] + 1))
     wait_for(lambda: _gone(hung.pid), 120, "worker a kept the hung process of a run that b owns")
     stack.kill_worker("b")  # a is free again: it runs the next run itself

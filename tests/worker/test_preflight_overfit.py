@@ -12,8 +12,15 @@ from worker import preflight
 
 
 def _spec(tmp_path: Path, **model: object) -> Path:
-    spec = RunSpec.model_validate({"name": "overfit-test", "data": {"name": "digits", "image_size": 8},
-                                   "model": {"name": "simple_cnn", **model}, "device": "cpu", "seed": 0})
+    spec = RunSpec.model_validate(
+        {
+            "name": "overfit-test",
+            "data": {"name": "digits", "image_size": 8},
+            "model": {"name": "simple_cnn", **model},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     path = tmp_path / "spec.yaml"
     path.write_text(spec.to_yaml())
     return path

@@ -9,6 +9,7 @@ import pytest
 import redis
 from sqlalchemy import update
 
+from core.names import RUN_TASK
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import Run
@@ -16,7 +17,6 @@ from db.repo import claim_run, create_run, get_run, list_events, mark_lost
 from db.types import utcnow
 from worker import tasks
 from worker.broker import run_ids_in_broker
-from core.names import RUN_TASK
 from worker.celery_app import make_app
 from worker.settings import WorkerSettings
 

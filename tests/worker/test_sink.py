@@ -20,7 +20,6 @@ from core.train import run_training
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import Metric, Run
-from db.types import utcnow
 from db.repo import (
     claim_run,
     create_run,
@@ -30,6 +29,7 @@ from db.repo import (
     list_events,
     mark_lost,
 )
+from db.types import utcnow
 from tests._servers import start_postgres
 from tests.worker.conftest import pg_ctl, wait_for
 from worker.settings import WorkerSettings
@@ -40,8 +40,11 @@ FAST = {"flush_s": 0.05, "heartbeat_s": 0.1}
 
 @pytest.fixture(params=("sqlite", "postgres"))
 def engine(request, tmp_path, postgres):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else \
-        postgres.create_database(f"s_{uuid.uuid4().hex[:10]}")
+    url = (
+        f"sqlite:///{tmp_path / 'db.sqlite'}"
+        if request.param == "sqlite"
+        else postgres.create_database(f"s_{uuid.uuid4().hex[:10]}")
+    )
     upgrade(url)
     engine = make_engine(url)
     yield engine
@@ -93,8 +96,11 @@ def test_heartbeats_and_events_go_on_while_metric_writes_fail_and_a_failed_flush
         return len(beats) >= 3
 
     wait_for(beating, 60, "the run's heartbeat did not advance while its metric writes failed")
-    wait_for(lambda: "overfitting" in {e.code for e in list_events(engine, run.id)}, 60,
-             "an event waited behind the failing metric writes")
+    wait_for(
+        lambda: "overfitting" in {e.code for e in list_events(engine, run.id)},
+        60,
+        "an event waited behind the failing metric writes",
+    )
     assert sink.flush(timeout=1.0) is False
     wait_for(lambda: get_run(engine, run.id).degraded is not None, 60, "the run was not marked degraded")
     assert "did not store this run's metrics" in get_run(engine, run.id).degraded
@@ -126,14 +132,21 @@ def test_an_outage_longer_than_the_memory_window_spills_to_disk_and_loses_nothin
                 sink.event("evaluation", "info", f"step {step}", {"code": "evaluation"}, step=step)
         wait_for(lambda: list((run_dir / "spill").glob("*.jsonl")), 60, "nothing was spilled during the outage")
         assert len(sink._points) <= 2 * 50 + 1  # memory stayed bounded by the window
-        pg_ctl(pg, "start", "-o", f"-p {pg.port} -k {pg.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off",
-               "-l", str(pg.root / "server.log"))
+        pg_ctl(
+            pg,
+            "start",
+            "-o",
+            f"-p {pg.port} -k {pg.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-l",
+            str(pg.root / "server.log"),
+        )
         assert sink.flush(120)
         with engine.connect() as c:
             steps = list(c.execute(select(Metric.step).where(Metric.run_id == run.id).order_by(Metric.step)).scalars())
         assert steps == list(range(1, 602))
-        assert [e.message for e in list_events(engine, run.id) if e.code == "evaluation"] == \
-            [f"step {s}" for s in range(100, 601, 100)]
+        assert [e.message for e in list_events(engine, run.id) if e.code == "evaluation"] == [
+            f"step {s}" for s in range(100, 601, 100)
+        ]
         assert not list((run_dir / "spill").glob("*.jsonl"))
         sink.close()
         engine.dispose()
@@ -175,7 +188,9 @@ TINY = {
     "data": {"name": "synthetic", "num_classes": 3, "num_samples": 300, "size": 8, "channels": 1},
     "model": {"name": "simple_cnn", "hidden": 8},
     "train": {"epochs": 3, "batch_size": 32, "log_every": 1, "early_stopping": {"enabled": False}},
-    "export": {"formats": []}, "device": "cpu", "seed": 0,
+    "export": {"formats": []},
+    "device": "cpu",
+    "seed": 0,
 }
 
 
@@ -219,8 +234,11 @@ def test_a_resumed_attempt_stores_the_events_of_the_steps_it_replays_once(engine
     assert codes.count("completed") == 1 and codes.count("resumed") == 1 and codes.count("shape_check") == 1
     assert codes.count("data") == 2  # each attempt's start-up is its own
     with engine.connect() as c:
-        steps = list(c.execute(select(Metric.step).where(Metric.run_id == run.id, Metric.key == "train/loss")
-                               .order_by(Metric.step)).scalars())
+        steps = list(
+            c.execute(
+                select(Metric.step).where(Metric.run_id == run.id, Metric.key == "train/loss").order_by(Metric.step)
+            ).scalars()
+        )
     assert steps == list(range(1, summary["global_step"] + 1))
 
 
@@ -246,18 +264,25 @@ def test_a_class_name_of_190_characters_never_jams_the_run(engine, tmp_path):
         (data / name).mkdir(parents=True)
         for j in range(12):
             Image.new("RGB", (8, 8), tuple(max(0, c - 5 * j) for c in colour)).save(data / name / f"{i}_{j}.png")
-    spec = RunSpec.model_validate({
-        "name": "long classes", "data": {"name": "imagefolder", "path": str(data), "image_size": 8, "val_fraction": 0.25},
-        "model": {"name": "simple_cnn", "hidden": 8}, "train": {"epochs": 2, "batch_size": 8},
-        "export": {"formats": ["torchscript"]}, "device": "cpu", "seed": 0})
+    spec = RunSpec.model_validate(
+        {
+            "name": "long classes",
+            "data": {"name": "imagefolder", "path": str(data), "image_size": 8, "val_fraction": 0.25},
+            "model": {"name": "simple_cnn", "hidden": 8},
+            "train": {"epochs": 2, "batch_size": 8},
+            "export": {"formats": ["torchscript"]},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     run = create_run(engine, spec.model_dump(mode="json"), name="long")
     claim_run(engine, run.id, "w1")
     sink = DbSink(engine, run.id, "w1", WorkerSettings(**FAST, flush_timeout_s=60), run_dir=tmp_path / "run")
     assert run_training(spec, tmp_path / "run", sink)["status"] == "completed"
     sink.close()
     assert sink.degraded is None and sink.dropped == 0
-    from db.repo import metric_keys
     from core.names import class_acc_key
+    from db.repo import metric_keys
 
     keys = set(metric_keys(engine, run.id))
     assert {"val/acc", "val/loss", class_acc_key(long_name), "val/acc_class/short"} <= keys

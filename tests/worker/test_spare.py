@@ -23,8 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def _python(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> dict:
     """Run `code` in a fresh interpreter (a fork server of its own, never this test process's); its last
     stdout line, as JSON."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                         check=False, timeout=timeout, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -67,7 +74,8 @@ def test_the_fork_servers_imports_never_call_into_cuda():
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_run_process_is_ready_before_its_run_and_runs_it_once(method, tmp_path):
     home = tmp_path / "home"
-    got = _python(f"""
+    got = _python(
+        f"""
         import json, os, time
         import psutil
         from db.engine import make_engine
@@ -104,7 +112,9 @@ def test_a_run_process_is_ready_before_its_run_and_runs_it_once(method, tmp_path
                           "steps": len(series(engine, run.id, "train/loss").steps),
                           "by_this_process": parent.pid == os.getpid(),
                           "by_its_server": parent.ppid() == os.getpid() and "forkserver" in " ".join(parent.cmdline())}}))
-    """, env={"TORCHDECK_HOME": str(home), "OMP_NUM_THREADS": "1"})
+    """,
+        env={"TORCHDECK_HOME": str(home), "OMP_NUM_THREADS": "1"},
+    )
     assert got["exitcode"] == 0 and got["status"] == "completed", got
     assert got["steps"] >= 1, got
     if method == "forkserver":  # forked by the server this process started, not by this process

@@ -26,15 +26,35 @@ def _steps(stack, run_id: str, key: str) -> list[int]:
     from db.models import Metric
 
     with stack.engine.connect() as c:
-        return list(c.execute(select(Metric.step).where(Metric.run_id == run_id, Metric.key == key).order_by(Metric.step)).scalars())
+        return list(
+            c.execute(
+                select(Metric.step).where(Metric.run_id == run_id, Metric.key == key).order_by(Metric.step)
+            ).scalars()
+        )
 
 
 def test_cli_submit_runs_to_completion_with_everything_stored(stack, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(RUN))
     stack.start_worker("w1")
-    r = subprocess.run([TORCHDECK, "submit", str(spec), "--name", "cli run", "--set", "train.epochs=2",
-                        "--set", "export.formats=[onnx]"], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            TORCHDECK,
+            "submit",
+            str(spec),
+            "--name",
+            "cli run",
+            "--set",
+            "train.epochs=2",
+            "--set",
+            "export.formats=[onnx]",
+        ],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.strip().splitlines()[-1]
     run = stack.wait(run_id)
@@ -49,7 +69,9 @@ def test_cli_submit_runs_to_completion_with_everything_stored(stack, tmp_path):
     assert (stack.run_dir(run_id) / "export" / "model.onnx").is_file()
     codes = {e.code for e in list_events(stack.engine, run_id)}
     assert {"started", "completed"} <= codes
-    st = subprocess.run([TORCHDECK, "status", run_id], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60)
+    st = subprocess.run(
+        [TORCHDECK, "status", run_id], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+    )
     assert "completed" in st.stdout and "val/loss" in st.stdout
 
 
@@ -116,7 +138,9 @@ def test_cancel_running_and_queued(stack):
     while not (stack.run_dir(first) / "checkpoints" / "last.pt").is_file():
         assert time.monotonic() < deadline, "no checkpoint written"
         time.sleep(0.2)
-    r = subprocess.run([TORCHDECK, "cancel", first], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [TORCHDECK, "cancel", first], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     run = stack.wait(first, timeout=120)
     assert run.status == "cancelled", run.error
@@ -133,7 +157,9 @@ def test_cancel_running_and_queued(stack):
 def test_diverging_and_invalid_specs_and_two_workers(stack, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**RUN, "optim": {"lr": -1}}))
-    r = subprocess.run([TORCHDECK, "submit", str(bad)], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [TORCHDECK, "submit", str(bad)], cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "optim.lr" in r.stderr
     assert list_runs(stack.engine).total == 0, "an invalid spec must never be stored or enqueued"
     stack.start_worker("a")
@@ -161,7 +187,9 @@ def test_redis_restart_mid_run(stack, redis_server):
     wait_for(lambda: len(_steps(stack, run_id, "train/loss")) > seen + 50, 120, "the run stopped training")
     cancel(run_id, engine=stack.engine, by=local_user())
     run = stack.wait(run_id, timeout=120)
-    assert run.status == "cancelled" and _steps(stack, run_id, "train/loss") == list(range(1, run.summary["global_step"] + 1))
+    assert run.status == "cancelled" and _steps(stack, run_id, "train/loss") == list(
+        range(1, run.summary["global_step"] + 1)
+    )
     again = stack.submit("train.epochs=1", "data.num_samples=600")  # the worker reconnected to the new server
     assert stack.wait(again, timeout=120).status == "completed"
 
@@ -175,8 +203,14 @@ def test_database_unreachable_for_20s_loses_no_metric(stack, postgres):
     wait_for(lambda: _steps(stack, run_id, "train/loss"), 120, "the run stored no metric")
     pg_ctl(postgres, "stop", "-m", "fast")
     time.sleep(20)  # the outage (its length is the scenario, not a wait for anything)
-    pg_ctl(postgres, "start", "-o", f"-p {postgres.port} -k {postgres.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off",
-            "-l", str(postgres.root / "server.log"))
+    pg_ctl(
+        postgres,
+        "start",
+        "-o",
+        f"-p {postgres.port} -k {postgres.socket_dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+        "-l",
+        str(postgres.root / "server.log"),
+    )
     epochs = len(_steps(stack, run_id, "val/acc"))
     wait_for(lambda: len(_steps(stack, run_id, "val/acc")) >= epochs + 2, 240, "the run did not go on after the outage")
     cancel(run_id, engine=stack.engine, by=local_user())

@@ -27,7 +27,7 @@ def test_one_solo_worker_per_gpu_with_pinned_device():
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in cmds] == ["0", "1"]
     for cmd, _ in cmds:
         assert cmd[cmd.index("-P") + 1] == "solo" and cmd[cmd.index("-Q") + 1] == "gpu"
-    (cpu_cmd, cpu_env), = worker_commands(None, None)
+    ((cpu_cmd, cpu_env),) = worker_commands(None, None)
     assert cpu_cmd[cpu_cmd.index("-Q") + 1] == "cpu" and cpu_env["CUDA_VISIBLE_DEVICES"] == ""
 
 

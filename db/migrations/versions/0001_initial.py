@@ -25,9 +25,7 @@ RUN_STATUSES = "'queued', 'running', 'completed', 'early_stopped', 'cancelled', 
 
 
 def _run_fk(table: str, ondelete: str = "CASCADE") -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint(
-        ["run_id"], ["run.id"], name=op.f(f"fk_{table}_run_id_run"), ondelete=ondelete
-    )
+    return sa.ForeignKeyConstraint(["run_id"], ["run.id"], name=op.f(f"fk_{table}_run_id_run"), ondelete=ondelete)
 
 
 def upgrade() -> None:
@@ -53,9 +51,7 @@ def upgrade() -> None:
         sa.Column("cancel_requested", sa.Boolean(), nullable=False),
         sa.CheckConstraint(f"status IN ({RUN_STATUSES})", name=op.f("ck_run_status")),
         sa.CheckConstraint("attempt >= 0", name=op.f("ck_run_attempt")),
-        sa.ForeignKeyConstraint(
-            ["parent_id"], ["run.id"], name=op.f("fk_run_parent_id_run"), ondelete="SET NULL"
-        ),
+        sa.ForeignKeyConstraint(["parent_id"], ["run.id"], name=op.f("fk_run_parent_id_run"), ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_run")),
     )
     for column in ("created_at", "owner", "parent_id", "spec_hash", "status"):
@@ -106,8 +102,10 @@ def upgrade() -> None:
     op.create_table(
         "event",
         sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True, nullable=False,
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
         ),
         sa.Column("run_id", sa.String(32), nullable=False),
         sa.Column("time", UTC_TIME, nullable=False),

@@ -28,8 +28,7 @@ OWNER_LEN = 400
 
 def upgrade() -> None:
     with op.batch_alter_table("run") as batch:
-        batch.alter_column("owner", existing_type=sa.String(100), type_=sa.String(OWNER_LEN),
-                           existing_nullable=False)
+        batch.alter_column("owner", existing_type=sa.String(100), type_=sa.String(OWNER_LEN), existing_nullable=False)
     with op.batch_alter_table("dataset") as batch:
         batch.add_column(sa.Column("owner", sa.String(OWNER_LEN), nullable=True))
     op.create_index("ix_dataset_owner", "dataset", ["owner"])

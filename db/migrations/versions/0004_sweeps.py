@@ -62,7 +62,9 @@ def _children() -> None:
         return [
             sa.Column("sweep_id", sa.String(32), nullable=False),
             sa.Column("number", sa.Integer(), nullable=False),
-            sa.ForeignKeyConstraint(["sweep_id"], ["sweep.id"], name=op.f(f"fk_{table}_sweep_id_sweep"), ondelete="CASCADE"),
+            sa.ForeignKeyConstraint(
+                ["sweep_id"], ["sweep.id"], name=op.f(f"fk_{table}_sweep_id_sweep"), ondelete="CASCADE"
+            ),
         ]
 
     op.create_table(
