@@ -1,8 +1,8 @@
 """The dashboard's entry (`streamlit run app/main.py`): the router and the frame every page shares.
 
-Pages live in app/app_pages/ and are thin UI over app/ui/ (Streamlit parts) and plain functions in app/. Nothing here (or
-there) imports torch: the UI validates specs with core.config, reads the database and enqueues
-runs by task name."""
+Pages live in app/app_pages/ and are thin UI over app/ui/ (Streamlit parts) and plain functions in app/. Nothing
+here (or there) imports torch: the UI validates specs with core.config, reads the database and enqueues runs by
+task name."""
 
 from __future__ import annotations
 

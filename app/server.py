@@ -27,9 +27,9 @@ LIVE_PATH = "/_torchdeck/live"
 async def live(request):
     """app.live.route.live, imported at the first request: importing the dashboard's modules (and their
     caches) before Streamlit's runtime exists would give those caches a storage of their own."""
-    from app.live import route as live_route
+    from app.live import route
 
-    return await live_route.live(request)
+    return await route.live(request)
 
 
 os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live.route.served(): the pages may hand out grants

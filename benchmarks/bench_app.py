@@ -317,7 +317,8 @@ def live_latency_p95(page, server: Server, engine: Engine, samples: int) -> floa
 
 
 def _last_drawn(page, frame):
-    """(the last train/loss step drawn on the page's live chart, its frame): the frame found again if it was replaced."""
+    """(the last train/loss step drawn on the page's live chart, its frame): the frame found again if it was
+    replaced."""
     from playwright.sync_api import Error as PlaywrightError
 
     try:

@@ -29,10 +29,10 @@ each, read 0.977, 1.004, 1.024, 1.093 and 1.126 in five runs, an effect of a few
   median, min and max, the medians of the first and the second half (a drift), of the core-first and
   bare-first pairs (an order effect), and the ratio of the medians over all pairs (the old headline).
 - Warm-up until stable: at least 5 pairs (10 s) and until 2 undisturbed pairs in a row stop getting faster,
-  at most 12 pairs or a third of --max-seconds. Once, right after bench_transfer.py, with only 2 warm-up pairs, the first 9 pairs read
-  1.04-1.07 and the next 11 1.01-1.04 (no preemption, no steal, both sides equally fast): a drift this
-  benchmark now prints; the alternated comparison (fresh vs after bench_transfer) that would say whether the
-  previous benchmark causes it could not be run undisturbed on this machine (load 8-12).
+  at most 12 pairs or a third of --max-seconds. Once, right after bench_transfer.py, with only 2 warm-up pairs,
+  the first 9 pairs read 1.04-1.07 and the next 11 1.01-1.04 (no preemption, no steal, both sides equally
+  fast): a drift this benchmark now prints; the alternated comparison (fresh vs after bench_transfer) that
+  would say whether the previous benchmark causes it could not be run undisturbed on this machine (load 8-12).
 - The Python garbage collector runs between epochs, never inside one; torch's inter-op pool is 1 thread
   (unused here); the intra-op threads are --threads (2; --threads 1 leaves a core to the rest of the machine
   and measures the overhead against a slower step: a different figure). The host's steal time and the load
@@ -201,8 +201,13 @@ def main() -> None:
         def pair(core_first: bool) -> tuple[Epoch, Epoch]:
             nonlocal epoch
             epoch += 1
-            run_core = lambda: timed(lambda: train_one_epoch(t, epoch), args.steps)
-            run_bare = lambda: timed(lambda: bare_epoch(bare_model, bare_opt, xb, yb, bs, args.steps), args.steps)
+
+            def run_core() -> Epoch:
+                return timed(lambda: train_one_epoch(t, epoch), args.steps)
+
+            def run_bare() -> Epoch:
+                return timed(lambda: bare_epoch(bare_model, bare_opt, xb, yb, bs, args.steps), args.steps)
+
             if core_first:
                 c = run_core()
                 return c, run_bare()
@@ -245,9 +250,9 @@ def main() -> None:
     if args.verbose:
         for i, (c, b) in enumerate(pairs):
             print(
-                f"# pair {i:2d} ({'core' if i % 2 == 0 else 'bare'} first): core {c.wall * 1e3:6.2f} ms cpu {c.cpu:.2f} "
-                f"preempted {c.preempted:5d} faults {c.faults:6d} | bare {b.wall * 1e3:6.2f} ms cpu {b.cpu:.2f} "
-                f"preempted {b.preempted:5d} faults {b.faults:6d} "
+                f"# pair {i:2d} ({'core' if i % 2 == 0 else 'bare'} first): "
+                f"core {c.wall * 1e3:6.2f} ms cpu {c.cpu:.2f} preempted {c.preempted:5d} faults {c.faults:6d} | "
+                f"bare {b.wall * 1e3:6.2f} ms cpu {b.cpu:.2f} preempted {b.preempted:5d} faults {b.faults:6d} "
                 f"| ratio {c.wall / b.wall:.3f}"
             )
     print(

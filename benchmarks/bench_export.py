@@ -5,7 +5,7 @@
 Each model is built for 10 classes of 3×32×32 images (the synthetic dataset, CIFAR-sized), exported
 to TorchScript, ONNX and torch.export with core.export.export_model and verified on a real
 validation batch of the dataset. Latency is the median of up to 20 calls after warmup (see
-core/export.py), on this machine's CPU; onnxruntime gets as many intra-op threads as torch.
+core/export_checks.py), on this machine's CPU; onnxruntime gets as many intra-op threads as torch.
 
 The last line is `onnx_vs_eager_latency_ratio_b1=<x>`: ONNX Runtime latency over eager PyTorch
 latency at batch 1, the larger (worse for ONNX) of the models' ratios.
@@ -23,11 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from core.config import DataSpec, ModelSpec, RunSpec  # noqa: E402
+from core.config import RunSpec  # noqa: E402
 from core.data import Preprocess, load_data  # noqa: E402
 from core.export import export_model  # noqa: E402
 from core.models import build_model  # noqa: E402
 from core.names import EXPORT_FORMATS as FORMATS  # noqa: E402
+from core.spec_sections import DataSpec, ModelSpec
 
 
 def _validation_batch(samples: int) -> tuple[torch.Tensor, dict]:
@@ -56,9 +57,8 @@ def _print_report(name: str, report: dict, seconds: float) -> None:
         f"{'b1 ms':>9} {'b32 ms':>9} {'MB':>7}"
     )
     eager = report["latency_ms"]["eager"]
-    print(
-        f"{'eager':<12} {'-':<5} {'-':<14} {'-':>10} {'-':>10} {'-':>7} {eager['b1']:>9.3f} {eager['b32']:>9.3f} {'-':>7}"
-    )
+    blanks = f"{'-':<5} {'-':<14} {'-':>10} {'-':>10} {'-':>7}"
+    print(f"{'eager':<12} {blanks} {eager['b1']:>9.3f} {eager['b32']:>9.3f} {'-':>7}")
     for fmt, e in report["formats"].items():
         if not e["ok"]:
             print(f"{fmt:<12} {'NO':<5} {e['error'][:200]}")

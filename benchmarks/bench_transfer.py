@@ -29,11 +29,12 @@ from PIL import Image
 from torch import nn
 
 from core.checkpoint import load_checkpoint
-from core.config import ModelSpec, RunSpec
+from core.config import RunSpec
 from core.data import Preprocess, load_data
 from core.events import MemorySink
 from core.imagefolder import load_imagefolder
 from core.models import build_model
+from core.spec_sections import ModelSpec
 from core.train import run_training
 
 SIZE, HIDDEN = 16, 128

@@ -1,10 +1,10 @@
 """The catalog: every model, dataset and per-epoch metric torchdeck knows, each described once, as plain data.
 
-Everything else reads it: the run schema's choices (core/config.py), the model builders (core/models.py), the
-data loaders (core/data.py), the size estimate (core/model_size.py), early stopping (core/engine.py), the sweep
+Everything else reads it: the run schema's choices (core/spec_sections.py), the model builders (core/models.py), the
+data loaders (core/data.py), the size estimate (core/model_size.py), early stopping (core/evaluation.py), the sweep
 objectives (sweep/spec.py), the Runs filter (db/filters.py) and the dashboard's form and charts (app/). So a
 new model is one MODELS entry (plus a builder in core/models.py only for a new family), and a new per-epoch
-metric is one METRICS entry plus its measurement in core/engine.py's `evaluate`.
+metric is one METRICS entry plus its measurement in core/evaluation.py's `evaluate`.
 
 Torch-free and importing only core.names: the dashboard, the database layer and the schema read it without
 paying torch's import. What torchvision says about a model (its weights' file and preprocessing, its size) is

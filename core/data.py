@@ -1,4 +1,4 @@
-"""Datasets, the stratified split and the loaders.
+"""Datasets, the stratified split and the preprocessing; the batches the loop draws are in core/batches.py.
 
 Every dataset becomes uint8 images (N, C, H, W) plus integer labels, decoded once. Small
 sets live on the training device for the whole run; large image folders decode per item in
@@ -10,23 +10,20 @@ batched tensor ops on the device, so they cost the same for every source.
 from __future__ import annotations
 
 import os
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
 
 from core import catalog
 from core.catalog import DatasetEntry
-from core.config import AugmentSpec, DataSpec, LoaderSpec
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
 from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
-from core.shards import ShardSampler, shard_scale
+from core.spec_sections import AugmentSpec, DataSpec
 
 
 @dataclass
@@ -259,171 +256,3 @@ def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator) -> to
         m = x.mean(dim=(1, 2, 3), keepdim=True)  # contrast around the brightened image's own mean
         x = ((x - m) * contrast + m).clamp(0, 1)
     return x.contiguous()
-
-
-# --- loaders ------------------------------------------------------------------------------
-
-
-def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
-    """A generator derived from (seed, epoch): the order and augmentation of epoch k do not
-    depend on what ran before, so a resumed run sees exactly the same batches."""
-    return torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
-
-
-class DeviceBatches:
-    """A whole split held on the device: batches are index slices, no copies per step.
-
-    With `world` > 1 this is rank `rank`'s shard: positions rank, rank + world, … of the order a single
-    process would use, cut into batches of `batch_size` (the per-rank batch). Batch k of every rank then
-    holds exactly the samples of global batch k of a single process with batch batch_size · world, and
-    every rank yields the same number of batches (an empty one when a last partial batch has fewer
-    samples than there are ranks), so the ranks' collectives stay paired."""
-
-    def __init__(
-        self,
-        split: Split,
-        batch_size: int,
-        shuffle: bool,
-        device: torch.device,
-        seed: int,
-        rank: int = 0,
-        world: int = 1,
-    ):
-        assert isinstance(split.images, torch.Tensor)
-        self.x = split.images.to(device)
-        self.y = split.labels.to(device)
-        self.batch_size, self.shuffle, self.seed, self.device = batch_size, shuffle, seed, device
-        self.rank, self.world = rank, world
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        step = self.batch_size * self.world
-        return (len(self.y) + step - 1) // step
-
-    def loss_scale(self, i: int, local_n: int) -> float:
-        return shard_scale(len(self.y), self.batch_size, self.world, i, local_n)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n = len(self.y)
-        if self.world > 1:
-            order = (
-                torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu")))
-                if self.shuffle
-                else torch.arange(n)
-            )
-            mine = order[self.rank :: self.world].to(self.device)
-            for k in range(len(self)):
-                idx = mine[k * self.batch_size : (k + 1) * self.batch_size]
-                yield self.x[idx], self.y[idx]
-        elif self.shuffle:  # only the training split is shuffled
-            order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(
-                self.device
-            )
-            for i in range(0, n, self.batch_size):
-                idx = order[i : i + self.batch_size]
-                yield self.x[idx], self.y[idx]
-        else:
-            for i in range(0, n, self.batch_size):
-                yield self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
-
-
-class _SplitDataset(Dataset):
-    def __init__(self, split: Split):
-        self.split = split
-
-    def __len__(self) -> int:
-        return len(self.split)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.split.images[i], self.split.labels[i]
-
-
-def _seed_worker(worker_id: int) -> None:
-    # every loader worker gets its own seed, derived from the loader's generator.
-    s = torch.initial_seed() % 2**32
-    np.random.seed(s)
-    random.seed(s)
-
-
-class HostBatches:
-    """A DataLoader over host memory or lazily decoded files; batches moved per step. With `world` > 1,
-    rank `rank`'s shard of every global batch, as DeviceBatches describes."""
-
-    def __init__(
-        self,
-        split: Split,
-        batch_size: int,
-        shuffle: bool,
-        device: torch.device,
-        seed: int,
-        loader: LoaderSpec,
-        rank: int = 0,
-        world: int = 1,
-    ):
-        self.seed, self.shuffle, self.device, self.epoch = seed, shuffle, device, 0
-        self.num_workers = default_num_workers(loader, split)
-        self.pin = loader.pin_memory if loader.pin_memory is not None else device.type == "cuda"
-        self.dataset = _SplitDataset(split)
-        self.batch_size, self.rank, self.world = batch_size, rank, world
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        step = self.batch_size * self.world
-        return (len(self.dataset) + step - 1) // step
-
-    def loss_scale(self, i: int, local_n: int) -> float:
-        return shard_scale(len(self.dataset), self.batch_size, self.world, i, local_n)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        gen = epoch_generator(self.seed, self.epoch, torch.device("cpu"))
-        shard = ShardSampler(len(self.dataset), self.rank, self.world, self.shuffle, gen) if self.world > 1 else None
-        dl = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            shuffle=self.shuffle and shard is None,
-            sampler=shard,
-            num_workers=self.num_workers,
-            pin_memory=self.pin,
-            worker_init_fn=_seed_worker,
-            generator=gen,
-            multiprocessing_context="spawn" if self.num_workers > 0 else None,
-            persistent_workers=False,
-        )
-        done, x, y = 0, None, None
-        for x, y in dl:
-            done += 1
-            yield x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
-        for _ in range(done, len(self) if x is not None else 0):  # a rank's empty share of the last batch
-            yield x[:0].to(self.device), y[:0].to(self.device)
-
-
-def default_num_workers(loader: LoaderSpec, split: Split) -> int:
-    if loader.num_workers is not None:
-        return loader.num_workers
-    if isinstance(split.images, torch.Tensor):
-        return 0  # already decoded in memory: worker processes would only add IPC
-    return max(1, min(4, (os.cpu_count() or 2) // 2))  # about half the cores
-
-
-def make_batches(
-    split: Split,
-    batch_size: int,
-    shuffle: bool,
-    device: torch.device,
-    seed: int,
-    loader: LoaderSpec,
-    rank: int = 0,
-    world: int = 1,
-):
-    """Batches of `batch_size` (per rank: rank `rank`'s shard of every global batch when `world` > 1)."""
-    in_memory = isinstance(split.images, torch.Tensor)
-    # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
-    fits = in_memory and split.images.numel() * 4 <= loader.device_cache_mb * 2**20
-    if fits and loader.num_workers in (None, 0):
-        return DeviceBatches(split, batch_size, shuffle, device, seed, rank, world)
-    return HostBatches(split, batch_size, shuffle, device, seed, loader, rank, world)

@@ -20,8 +20,9 @@ ADVICE = {
     "connections or normalisation, a better initialisation, or a larger learning rate for them.",
     "loss_not_decreasing": "The training loss is not going down: the learning rate may be too low (or far too high), "
     "labels may not match the images (look at the sample grid), or the model needs more epochs.",
-    "overfitting": "Training accuracy keeps rising while validation falls behind: add augmentation (random crop, flip), "
-    "dropout or weight decay, use a smaller model or more data; early stopping keeps the best epoch.",
+    "overfitting": "Training accuracy keeps rising while validation falls behind: add augmentation "
+    "(random crop, flip), dropout or weight decay, use a smaller model or more data; "
+    "early stopping keeps the best epoch.",
     "data_bound": "Steps spend most of their time waiting for data, so the device idles: raise loader.num_workers, "
     "cache the dataset on the device (loader.device_cache_mb), pre-resize images, avoid per-step host↔device copies.",
     "out_of_memory": "The device ran out of memory: lower train.batch_size (use train.accumulate to keep the "

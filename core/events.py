@@ -190,7 +190,8 @@ class PrintSink:
         if "val/acc" in values:
             print(
                 f"epoch {epoch:3d}  train/loss {values.get('train/epoch_loss', float('nan')):.4f}  "
-                f"val/loss {values['val/loss']:.4f}  val/acc {values['val/acc']:.4f}  ({values.get('epoch_time_s', 0):.1f}s)",
+                f"val/loss {values['val/loss']:.4f}  val/acc {values['val/acc']:.4f}  "
+                f"({values.get('epoch_time_s', 0):.1f}s)",
                 flush=True,
             )
 

@@ -4,7 +4,8 @@
 file is reloaded from disk and run on a real validation batch (and on batch sizes 1 and 7, which
 catch a batch dimension baked in as a constant); the logits are compared with the eager model's.
 A format that fails to export or to match is reported with the exporter's message and left out of
-the bundle, so nothing unverified is shipped; the other formats are still produced.
+the bundle, so nothing unverified is shipped; the other formats are still produced. The checks (parity,
+latency, the exporter's messages) are in core/export_checks.py.
 
 onnx, onnxruntime and onnxscript are imported inside the functions that need them: the rest of
 `core` (and every process that never exports) starts without them.
@@ -13,18 +14,16 @@ onnx, onnxruntime and onnxscript are imported inside the functions that need the
 from __future__ import annotations
 
 import json
-import re
-import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from core.export_checks import ExportError, Runner, batch_of, latency, message, notes, parity, recorded
 from core.export_report import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -35,100 +34,6 @@ from core.export_report import (
     write_bundle,
 )
 from core.names import EXPORT_EXTRAS, EXPORT_FILES
-
-LATENCY_BATCHES = (1, 32)
-LATENCY_REPEATS = 20  # median of this many timed calls, after LATENCY_WARMUP untimed ones
-LATENCY_WARMUP = 3
-LATENCY_BUDGET_S = 1.0  # a slow model stops earlier (≥3 timed calls): the median stays quick on CPU
-
-Runner = Callable[[torch.Tensor], torch.Tensor]  # float batch → logits, whatever runtime is behind it
-
-
-class ExportError(RuntimeError):
-    """A format that could not be produced or verified; the message is what the user sees."""
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-_NOISE = ("TORCH_LOGS", "TORCHDYNAMO_", "docs.google.com", "draft_export", "data-dependent friendly APIs")
-
-
-def _message(e: BaseException, limit: int = 1500) -> str:
-    """The useful part of an exporter's exception: no ANSI colours, the summary the dynamo exporter puts
-    under '## Exception summary' rather than its generic 'next steps', no debug-flag boilerplate."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
-    if "## Exception summary" in text:
-        text = text.split("## Exception summary", 1)[1].split("(Refer to the full stack trace", 1)[0].strip()
-    lines = [ln.rstrip() for ln in text.splitlines() if not any(n in ln for n in _NOISE)]
-    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return text if len(text) <= limit else text[:limit] + " …"
-
-
-@contextmanager
-def _recorded() -> Iterator[list[warnings.WarningMessage]]:
-    """Record every warning: TracerWarnings decide trace vs script, the rest become the format's notes
-    (torch 2.14 deprecates TorchScript; the report says so rather than hiding it)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")  # also the ones Python would show once per location only
-        yield caught
-
-
-def _notes(caught: list[warnings.WarningMessage]) -> list[str]:
-    seen = dict.fromkeys(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught)
-    return list(seen)[:10]
-
-
-def _batch_of(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Exactly n real samples, cycling through the batch when it is smaller than n."""
-    idx = torch.arange(n) % x.shape[0]
-    return x[idx].contiguous()
-
-
-def _finite(v: float) -> float | None:
-    return round(v, 8) if v == v and abs(v) != float("inf") else None  # JSON has no NaN/inf
-
-
-# --- verification --------------------------------------------------------------------------------
-
-
-def _parity(run: Runner, inputs: torch.Tensor, refs: dict[int, torch.Tensor], atol: float) -> dict[str, Any]:
-    """Logit differences against the eager model on the full batch and on the check batch sizes."""
-    outs: dict[int, torch.Tensor] = {}
-    for n, ref in refs.items():
-        outs[n] = run(_batch_of(inputs, n)).float()
-        if outs[n].shape != ref.shape:
-            raise ExportError(f"output shape {tuple(outs[n].shape)} at batch {n}, eager gives {tuple(ref.shape)}")
-    per_batch = {str(n): _finite((outs[n] - ref).abs().max().item()) for n, ref in refs.items()}
-    n = inputs.shape[0]
-    diff = (outs[n] - refs[n]).abs()
-    return {
-        "max_abs_diff": _finite(diff.max().item()),
-        "mean_abs_diff": _finite(diff.mean().item()),
-        "top1_agreement": round((outs[n].argmax(1) == refs[n].argmax(1)).float().mean().item() * 100, 3),
-        "passed": all(d is not None and d <= atol for d in per_batch.values()),
-        "atol": atol,
-        "max_abs_diff_by_batch": per_batch,
-    }
-
-
-def _latency(run: Runner, inputs: torch.Tensor) -> dict[str, float]:
-    """Median wall time (ms) per call at each latency batch size."""
-    out = {}
-    for n in LATENCY_BATCHES:
-        x = _batch_of(inputs, n)
-        for _ in range(LATENCY_WARMUP):
-            run(x)
-        times: list[float] = []
-        deadline = time.perf_counter() + LATENCY_BUDGET_S
-        while len(times) < LATENCY_REPEATS and (len(times) < min(3, LATENCY_REPEATS) or time.perf_counter() < deadline):
-            t0 = time.perf_counter()
-            run(x)
-            times.append(time.perf_counter() - t0)
-        out[f"b{n}"] = round(statistics.median(times) * 1000, 4)
-    return out
-
 
 # --- TorchScript ---------------------------------------------------------------------------------------
 
@@ -149,9 +54,9 @@ def _trace_problems(
     ]
     for n, ref in refs.items():
         try:
-            diff = (traced(_batch_of(inputs, n)) - ref).abs().max().item()
+            diff = (traced(batch_of(inputs, n)) - ref).abs().max().item()
         except Exception as e:  # noqa: BLE001 - a trace that cannot run another batch size is a divergence
-            problems.append(f"trace fails at batch {n}: {_message(e, 300)}")
+            problems.append(f"trace fails at batch {n}: {message(e, 300)}")
             continue
         if not diff <= atol:
             problems.append(f"trace differs from eager by {diff:.3g} at batch {n}")
@@ -173,22 +78,20 @@ def _export_torchscript(
         torch.jit.save(module, str(path), _extra_files={"torchdeck.json": json.dumps(extra)})
         return torch.jit.load(str(path), map_location="cpu")
 
-    with _recorded() as caught:
+    with recorded() as caught:
         try:
             loaded = save_and_load(torch.jit.trace(model, inputs, check_trace=False))  # our check covers more
             problems = _trace_problems(loaded, inputs, refs, atol, caught)
         except Exception as e:  # noqa: BLE001 - any trace failure means: try scripting
-            problems = [f"torch.jit.trace failed: {_message(e, 500)}"]
+            problems = [f"torch.jit.trace failed: {message(e, 500)}"]
         info = {"method": "trace", "reason": f"matches eager at batch sizes {list(refs)}, no TracerWarning"}
         if problems:
             info = {"method": "script", "reason": "; ".join(problems)}
             try:
                 loaded = save_and_load(torch.jit.script(model))
             except Exception as e:  # noqa: BLE001
-                raise ExportError(
-                    f"trace unusable ({info['reason']}) and torch.jit.script failed: {_message(e)}"
-                ) from e
-    info["notes"] = _notes(caught)  # torch 2.14 deprecates TorchScript: say so, do not hide it
+                raise ExportError(f"trace unusable ({info['reason']}) and torch.jit.script failed: {message(e)}") from e
+    info["notes"] = notes(caught)  # torch 2.14 deprecates TorchScript: say so, do not hide it
     return loaded, info
 
 
@@ -200,7 +103,7 @@ class _SharedProgram:
 
     def __init__(self, model: nn.Module, inputs: torch.Tensor):
         self.model = model
-        self.example = inputs if inputs.shape[0] >= 2 else _batch_of(inputs, 2)  # batch 1 would be specialised
+        self.example = inputs if inputs.shape[0] >= 2 else batch_of(inputs, 2)  # batch 1 would be specialised
         self.dynamic_shapes = ({0: torch.export.Dim("batch", min=1)},)
         self._result: torch.export.ExportedProgram | ExportError | None = None
 
@@ -210,7 +113,7 @@ class _SharedProgram:
                 self._result = torch.export.export(self.model, (self.example,), dynamic_shapes=self.dynamic_shapes)
                 self._result.example_inputs = None  # else model.pt2 would ship the validation batch it was given
             except Exception as e:  # noqa: BLE001 - kept, and raised to every format that needs the program
-                self._result = ExportError(f"torch.export.export: {_message(e)}")
+                self._result = ExportError(f"torch.export.export: {message(e)}")
         if isinstance(self._result, ExportError):
             raise self._result
         return self._result
@@ -266,27 +169,27 @@ def _export_onnx(
     import onnxruntime as ort
 
     info: dict[str, Any] = {"exporter": "dynamo", "fallback_reason": None}
-    with _recorded() as caught:
+    with recorded() as caught:
         try:
             _onnx_dynamo(model, program, path, opset)
         except Exception as e:  # noqa: BLE001 - recorded as the reason for the fallback
-            info.update(exporter="legacy", fallback_reason=_message(e))
+            info.update(exporter="legacy", fallback_reason=message(e))
             try:
                 _onnx_legacy(model, program.example, path, opset, caught)
             except Exception as e2:  # noqa: BLE001
                 raise ExportError(
-                    f"dynamo exporter: {info['fallback_reason']} | legacy exporter: {_message(e2)}"
+                    f"dynamo exporter: {info['fallback_reason']} | legacy exporter: {message(e2)}"
                 ) from e2
     proto = onnx.load(str(path))
     onnx.helper.set_model_props(proto, props)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"onnx.checker.check_model(full_check=True): {_message(e)}") from e
+        raise ExportError(f"onnx.checker.check_model(full_check=True): {message(e)}") from e
     onnx.save(proto, str(path))
     info["opset"] = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     info["checker"] = "passed (full_check=True)"
-    info["notes"] = _notes(caught)
+    info["notes"] = notes(caught)
     if opset is not None and info["opset"] != opset:  # the dynamo exporter keeps 18 when it cannot convert down
         info["notes"].append(
             f"opset {opset} was requested; the exporter could not convert to it and wrote {info['opset']}"
@@ -303,10 +206,10 @@ def _export_onnx(
 
 
 def _export_pt2(program: _SharedProgram, path: Path, extra: dict[str, str]) -> tuple[Runner, dict[str, Any]]:
-    with _recorded() as caught:
+    with recorded() as caught:
         torch.export.save(program.get(), str(path), extra_files={"torchdeck.json": json.dumps(extra)})
         loaded = torch.export.load(str(path)).module()  # verify what was written, not what is in memory
-    return loaded, {"notes": _notes(caught)}
+    return loaded, {"notes": notes(caught)}
 
 
 # --- the whole export ---------------------------------------------------------------------------------------
@@ -332,16 +235,16 @@ def _export_one(
             run, entry = _export_onnx(model, program, path, opset, props)
         else:
             run, entry = _export_pt2(program, path, props)
-        entry["parity"] = _parity(run, inputs, refs, atol)
+        entry["parity"] = parity(run, inputs, refs, atol)
     except Exception as e:  # noqa: BLE001 - one format's failure must not stop the others
         path.unlink(missing_ok=True)
-        return {"ok": False, "error": e.args[0] if isinstance(e, ExportError) else _message(e)}
+        return {"ok": False, "error": e.args[0] if isinstance(e, ExportError) else message(e)}
     entry["export_seconds"] = round(time.perf_counter() - t0, 3)
     if not entry["parity"]["passed"]:
         path.unlink(missing_ok=True)  # an export that computes something else must not be downloadable
         worst = entry["parity"]["max_abs_diff_by_batch"]
         return {"ok": False, "error": f"parity failed: max |Δlogit| by batch size {worst} exceeds atol {atol}", **entry}
-    entry.update(ok=True, file=path.name, size_bytes=path.stat().st_size, latency_ms=_latency(run, inputs))
+    entry.update(ok=True, file=path.name, size_bytes=path.stat().st_size, latency_ms=latency(run, inputs))
     return entry
 
 
@@ -356,8 +259,8 @@ def _export_all(
 ) -> None:
     """Eager references and latency, then each requested format in turn (fills report in place)."""
     props = embedded(report)
-    refs = {n: model(_batch_of(inputs, n)).float() for n in report["check_batches"]}
-    report["latency_ms"] = {"eager": _latency(model, inputs)}
+    refs = {n: model(batch_of(inputs, n)).float() for n in report["check_batches"]}
+    report["latency_ms"] = {"eager": latency(model, inputs)}
     report["formats"] = {}
     program = _SharedProgram(model, inputs)
     for fmt in report["requested_formats"]:
@@ -393,7 +296,8 @@ def export_model(
     report = report_head(inputs, formats, meta, atol)
     was_training = model.training
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    # Exported on the CPU: files traced on a GPU would carry its device; eval() so BatchNorm and Dropout behave as in inference.
+    # Exported on the CPU: files traced on a GPU would carry its device; eval() so BatchNorm and Dropout behave as
+    # in inference.
     model.cpu().eval()
     try:
         with torch.no_grad():

@@ -84,8 +84,8 @@ def report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], 
             "image_size": s,
             "mean": list(meta["mean"]),
             "std": list(meta["std"]),
-            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, x = (pixel/255 - mean) / std "
-            "per channel, NCHW float32",
+            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, "
+            "x = (pixel/255 - mean) / std per channel, NCHW float32",
         },
         "output": {
             "name": OUTPUT_NAME,

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from core import catalog
 from core.catalog import ModelEntry, Stage
 from core.checkpoint import read_weights
-from core.config import ModelSpec
+from core.spec_sections import ModelSpec
 
 
 class SimpleCNN(nn.Module):
@@ -113,7 +113,8 @@ class _Checkpointed(nn.Module):
             return self._checkpointed(x)
         return self.inner(x)
 
-    @torch.jit.unused  # keeps the model scriptable (export's fallback); no annotations: jit cannot read postponed ones here
+    # jit.unused keeps the model scriptable (export's fallback); no annotations: jit cannot read postponed ones here
+    @torch.jit.unused
     def _checkpointed(self, x):  # noqa: ANN001, ANN202
         keep = lambda: (contextlib.nullcontext(), _KeepNormStats(self.inner))  # noqa: E731
         return checkpoint(self.inner, x, use_reentrant=False, context_fn=keep)

@@ -34,7 +34,7 @@ GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"
 # A run of N > 1 GPUs waits in a queue of its own GPU count (gpu-x2, gpu-x4): only a worker that owns at
 # least N GPUs of one host consumes it, so such a run never lands on a one-GPU worker that cannot start it.
 MULTI_GPU_PREFIX = "gpu-x"
-MAX_RUN_GPUS = 16  # core.config.ResourcesSpec.gpus's upper bound
+MAX_RUN_GPUS = 16  # core.spec_sections.ResourcesSpec.gpus's upper bound
 # The queues of single-process runs; multi_gpu_queues() names the others (is_run_queue tells any of them).
 RUN_QUEUES = (GPU_QUEUE, CPU_QUEUE)
 JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a small CPU-only worker per host

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from core.config import ModelSpec, OptimSpec, ScheduleSpec, TrainSpec
 from core.models import Classifier
+from core.spec_sections import ModelSpec, OptimSpec, ScheduleSpec, TrainSpec
 
 _NO_DECAY_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm2d)
 

@@ -3,9 +3,10 @@
 The process that calls `run_training` is rank 0. `start_ranks` starts ranks 1..N-1 as fresh
 interpreters (the spawn start method: CUDA does not survive a fork) and joins them in a process
 group on this host; each then runs the target it is given (core.recipe.train_peer: this module
-knows nothing of training, and core.train, which calls it, is never imported back). Those ranks train on their shards and write nothing: no metrics, no events,
-no files. Each exits by itself when rank 0 is gone, so a killed run leaves no orphans. Rank 0 tells
-a peer's death (RankLost: the run is resumed) from a peer's own error (the run fails, saying so).
+knows nothing of training, and core.train, which calls it, is never imported back). Those ranks
+train on their shards and write nothing: no metrics, no events, no files. Each exits by itself when
+rank 0 is gone, so a killed run leaves no orphans. Rank 0 tells a peer's death (RankLost: the run is
+resumed) from a peer's own error (the run fails, saying so).
 """
 
 from __future__ import annotations

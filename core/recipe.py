@@ -15,16 +15,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.batches import make_batches
 from core.checkpoint import EarlyStopping, load_checkpoint, set_rng_state
 from core.config import RunSpec
-from core.data import load_data, make_batches
+from core.data import DataInfo, load_data
 from core.diagnosis import Diagnoser
 from core.distributed import SOLO, CollectiveControl, Group, Ranks
-from core.engine import Trainer, fit, steps_per_epoch
+from core.engine import fit
 from core.events import Control, NullSink, Sink
-from core.models import build_model, count_parameters, load_weights_file
+from core.models import Classifier, build_model, count_parameters, load_weights_file
 from core.names import CHECKPOINT_FILES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
+from core.trainer import Trainer, steps_per_epoch
 
 
 def resolve_device(spec: RunSpec) -> torch.device:
@@ -60,53 +62,8 @@ def build_trainer(
     """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
     global batch (train.batch_size / world each) and the model wrapped in DDP."""
     data = load_data(spec.data, spec.seed)
-    info = data.info
-    sink.event(
-        "lifecycle",
-        "info",
-        f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
-        f"{info.channels}×{info.image_size}×{info.image_size}",
-        {"code": "data", **info.to_dict()},
-    )
-    if info.skipped:
-        sink.event(
-            "data",
-            "warning",
-            f"{info.skipped} unreadable image(s) skipped",
-            {"code": "skipped_images", "files": info.skipped_files},
-        )
-    # The weights file is loaded here, where the task's class names are known (they decide whose head: head_plan).
-    model = build_model(
-        spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels, info.image_size
-    )
-    if spec.model.weights_file:
-        model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
-    model = model.to(device)
-    report = getattr(model, "weights_report", None)
-    if report:
-        head = model.head_report or {}
-        sink.event(
-            "lifecycle",
-            "warning" if any(report.values()) else "info",
-            f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, {len(report['unexpected'])} unexpected, "
-            f"{len(report['shape_mismatch'])} shape-mismatched keys; head {head.get('head')}: {head.get('reason')}",
-            {
-                "code": "weights_file",
-                **report,
-                "head": head.get("head"),
-                "head_reason": head.get("reason"),
-                "head_keys_not_loaded": head.get("dropped", []),
-                "weights_classes": head.get("file_classes", []),
-            },
-        )
-    apply_transfer(model, spec.model, 1)
-    total, trainable = count_parameters(model)
-    sink.event(
-        "lifecycle",
-        "info",
-        f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
-        {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)},
-    )
+    _report_data(sink, data.info)
+    model = _build_model(spec, data.info, device, sink)
     forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
     optimizer = build_optimizer(model, spec.optim, spec.model)
     w = ranks.world
@@ -135,6 +92,69 @@ def build_trainer(
         early=EarlyStopping(es.resolved_mode, es.patience, es.min_delta, es.enabled),
         out_dir=out,
         ranks=ranks,
+    )
+
+
+def _report_data(sink: Sink, info: DataInfo) -> None:
+    """The `data` event (the dataset's shape and split), and a warning for unreadable images it skipped."""
+    sink.event(
+        "lifecycle",
+        "info",
+        f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
+        f"{info.channels}×{info.image_size}×{info.image_size}",
+        {"code": "data", **info.to_dict()},
+    )
+    if info.skipped:
+        sink.event(
+            "data",
+            "warning",
+            f"{info.skipped} unreadable image(s) skipped",
+            {"code": "skipped_images", "files": info.skipped_files},
+        )
+
+
+def _build_model(spec: RunSpec, info: DataInfo, device: torch.device, sink: Sink) -> Classifier:
+    """The model for this data on `device`: its weights file loaded, the first epoch's layers trainable, and
+    the `weights_file` and `model` events."""
+    # The weights file is loaded here, where the task's class names are known (they decide whose head: head_plan).
+    model = build_model(
+        spec.model.model_copy(update={"weights_file": None}), info.num_classes, info.channels, info.image_size
+    )
+    if spec.model.weights_file:
+        model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
+    model = model.to(device)
+    _report_weights(sink, spec, model)
+    apply_transfer(model, spec.model, 1)
+    total, trainable = count_parameters(model)
+    sink.event(
+        "lifecycle",
+        "info",
+        f"model {spec.model.name}: {total:,} parameters ({trainable:,} trainable) on {device}",
+        {"code": "model", "parameters": total, "trainable": trainable, "device": str(device)},
+    )
+    return model
+
+
+def _report_weights(sink: Sink, spec: RunSpec, model: Classifier) -> None:
+    """The `weights_file` event: which keys of the file were loaded, and whose head the model kept and why."""
+    report = getattr(model, "weights_report", None)
+    if not report:
+        return
+    head = model.head_report or {}
+    sink.event(
+        "lifecycle",
+        "warning" if any(report.values()) else "info",
+        f"loaded {spec.model.weights_file}: {len(report['missing'])} missing, "
+        f"{len(report['unexpected'])} unexpected, {len(report['shape_mismatch'])} shape-mismatched keys; "
+        f"head {head.get('head')}: {head.get('reason')}",
+        {
+            "code": "weights_file",
+            **report,
+            "head": head.get("head"),
+            "head_reason": head.get("reason"),
+            "head_keys_not_loaded": head.get("dropped", []),
+            "weights_classes": head.get("file_classes", []),
+        },
     )
 
 

@@ -22,7 +22,7 @@ from core.config import RunSpec
 from core.data import DataInfo, Preprocess, load_data
 from core.diagnosis import ADVICE
 from core.distributed import SOLO, RankLost
-from core.engine import Diverged, Trainer, fit, prepare
+from core.engine import Diverged, fit
 from core.events import Control, NeverStop, Sink
 from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
@@ -31,6 +31,7 @@ from core.ranks import Launch, start_ranks
 
 # The setup steps live in core/recipe.py; worker/preflight.py, the benchmarks and tests still reach them here.
 from core.recipe import build_trainer, resolve_device, resume_from, seed_everything, train_peer
+from core.trainer import Trainer, prepare
 
 
 def _preflight(t: Trainer, out: Path, sink: Sink) -> None:

@@ -16,7 +16,7 @@ from db import filters
 from db.engine import connection_scope
 from db.models import MetricRollup, Run, RunTag
 from db.rollup import WHOLE_SERIES_LEVEL
-from db.runs import records
+from db.run_records import records
 from db.types import RUN_STATUSES, RunPage
 
 SORT_COLUMNS = {
@@ -52,9 +52,9 @@ def list_runs(
 ) -> RunPage:
     """One page of runs matching every filter given, with the total that match.
 
-    `sweep_id` and `group_id` keep a sweep's trials, a seed group's runs. `status` and `tag` take one value or several (any of the statuses; all of
-    the tags). `text` matches a part of the name, of a tag or of the notes (any
-    case) or the start of the id. `expression` is a filter expression
+    `sweep_id` and `group_id` keep a sweep's trials, a seed group's runs. `status` and `tag` take one value or
+    several (any of the statuses; all of the tags). `text` matches a part of the name, of a tag or of the notes
+    (any case) or the start of the id. `expression` is a filter expression
     (db.filters: `val/acc > 0.9 and optim.lr <= 1e-3`; FilterError when it
     cannot be read). `sort` is a column in SORT_COLUMNS or "metric:<key>";
     runs without a value sort last either way, and ties are broken by id so

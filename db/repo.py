@@ -40,24 +40,20 @@ from db.records import (
     upsert_account,
     upsert_worker,
 )
+from db.run_labels import check_notes, check_tags, set_notes, set_tags, set_tags_and_notes
+from db.run_records import get_run
 from db.runs import (
-    check_notes,
-    check_tags,
     claim_run,
     create_run,
     create_runs,
     delete_run,
     finish_run,
-    get_run,
     heartbeat,
     mark_degraded,
     mark_lost,
     new_group_id,
     readable_name,
     request_cancel,
-    set_notes,
-    set_tags,
-    set_tags_and_notes,
     stale_runs,
     unclaimed_runs,
 )

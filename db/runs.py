@@ -1,4 +1,5 @@
-"""The run lifecycle: create, claim, heartbeat, cancel, finish, lose, delete.
+"""The run lifecycle: create, claim, heartbeat, cancel, finish, lose, delete. Runs are read back by
+db/run_records.py; their tags and notes are written by db/run_labels.py.
 
 Every state change is one conditional UPDATE (`... WHERE status IN (...)`)
 whose row count says whether it happened, so two workers (or a worker and the
@@ -13,27 +14,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, literal, select, update
+from sqlalchemy import Engine, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from core.names import spec_hash
 from core.redact import redact
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, RunStillActive
-from db.metrics import IN_CHUNK, lock_run_for_append, summaries
+from db.metrics import lock_run_for_append
 from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
 from db.quota import check_queued
+from db.run_labels import check_tags
+from db.run_records import get_run, load_runs, require_run
 from db.types import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
     NAME_LEN,
-    NOTES_LEN,
     OWNER_LEN,
     RUN_STATUSES,
-    TAG_LEN,
     WORKER_ID_LEN,
     HeartbeatReply,
     RunRecord,
+    check_text,
     json_safe,
     utcnow,
 )
@@ -88,29 +90,11 @@ def create_runs(
     With `max_queued`, QueueLimitReached when the owner's queued runs and these would be more than that
     (counted in the same transaction: a seed group never overshoots the limit half-way)."""
     tag_list = check_tags(tags)
-    rows = []
-    for spec, name in runs:
-        stored_spec, digest = spec_json(spec)
-        run_id = new_id()
-        name = readable_name(spec, run_id) if name is None else name.strip()
-        _check_text("name", name, NAME_LEN)
-        rows.append(
-            Run(
-                id=run_id,
-                name=name,
-                owner=owner,
-                status="queued",
-                spec=stored_spec,
-                spec_hash=digest,
-                created_at=utcnow(),
-                attempt=0,
-                summary={},
-                parent_id=parent_id,
-                cancel_requested=False,
-                group_id=group_id,
-            )
-        )
-    _check_text("owner", owner, OWNER_LEN)
+    rows = [
+        queued_row(spec, None if name is None else name.strip(), owner, parent_id=parent_id, group_id=group_id)
+        for spec, name in runs
+    ]
+    check_text("owner", owner, OWNER_LEN)
     with session_scope(engine) as session:
         if parent_id is not None and session.get(Run, parent_id) is None:
             raise RunNotFound(parent_id)
@@ -124,6 +108,28 @@ def create_runs(
     return [found[row.id] for row in rows]
 
 
+def queued_row(spec: Mapping[str, Any], name: str | None, owner: str, **links: Any) -> Run:
+    """A new `queued` run's row, not yet added: the spec as stored with its hash, a fresh id, the name checked
+    (None: readable_name's). `links` are the columns that place it: parent_id, group_id, sweep_id, trial."""
+    stored_spec, digest = spec_json(spec)
+    run_id = new_id()
+    name = readable_name(spec, run_id) if name is None else name
+    check_text("name", name, NAME_LEN)
+    return Run(
+        id=run_id,
+        name=name,
+        owner=owner,
+        status="queued",
+        spec=stored_spec,
+        spec_hash=digest,
+        created_at=utcnow(),
+        attempt=0,
+        summary={},
+        cancel_requested=False,
+        **links,
+    )
+
+
 def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
     """The name of a run launched without one: its dataset, its model and the start of its id
     (`digits-simple_cnn-3fa2c1`); `run-3fa2c1` for a spec that names neither."""
@@ -133,136 +139,6 @@ def readable_name(spec: Mapping[str, Any], run_id: str) -> str:
         if isinstance(s, Mapping) and isinstance(s.get("name"), str) and s["name"].strip()
     ]
     return "-".join([*(named or ["run"]), run_id[:6]])[-NAME_LEN:]
-
-
-def _check_text(field: str, value: str, limit: int) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
-    if len(value) > limit:
-        raise ValueError(f"{field} is {len(value)} characters long; the limit is {limit}")
-
-
-def check_tags(tags: Iterable[str]) -> list[str]:
-    """Tags stripped and de-duplicated, in order; each non-empty and short enough."""
-    out: list[str] = []
-    for tag in tags:
-        _check_text("tag", tag, TAG_LEN)
-        if tag.strip() not in out:
-            out.append(tag.strip())
-    return out
-
-
-def set_tags(engine: Engine, run_id: str, tags: Iterable[str]) -> RunRecord:
-    """Replace the run's tags."""
-    tag_list = check_tags(tags)
-    with session_scope(engine) as session:
-        _write_tags(session, run_id, tag_list)
-    return get_run(engine, run_id)
-
-
-def _write_tags(session: Session, run_id: str, tag_list: list[str]) -> None:
-    _require(session, run_id)
-    session.execute(delete(RunTag).where(RunTag.run_id == run_id))
-    session.add_all(RunTag(run_id=run_id, tag=tag) for tag in tag_list)
-
-
-def check_notes(notes: str | None) -> str | None:
-    """Notes as stored: None for none (empty or blank), else the text as written, at most NOTES_LEN characters."""
-    if len(notes or "") > NOTES_LEN:
-        raise ValueError(f"notes are {len(notes):,} characters long; the limit is {NOTES_LEN:,}: shorten them")
-    if "\0" in (notes or ""):
-        raise ValueError("notes contain a NUL character (\\0), which the database cannot store: remove it")
-    return notes if notes and notes.strip() else None
-
-
-def set_notes(engine: Engine, run_id: str, notes: str | None) -> RunRecord:
-    """Replace the run's notes (plain text; empty clears them)."""
-    stored = check_notes(notes)
-    with session_scope(engine) as session:
-        _write_notes(session, run_id, stored)
-    return get_run(engine, run_id)
-
-
-def _write_notes(session: Session, run_id: str, stored: str | None) -> None:
-    if not _update(session, run_id, RUN_STATUSES, notes=stored):
-        raise RunNotFound(run_id)
-
-
-def set_tags_and_notes(engine: Engine, run_id: str, tags: Iterable[str], notes: str | None) -> RunRecord:
-    """Replace the run's tags and its notes together: both checked before either is written, and written in one
-    transaction (a refused or failed edit changes neither). ValueError for a bad tag or notes, RunNotFound."""
-    tag_list, stored = check_tags(tags), check_notes(notes)
-    with session_scope(engine) as session:
-        _write_tags(session, run_id, tag_list)
-        _write_notes(session, run_id, stored)
-    return get_run(engine, run_id)
-
-
-def get_run(engine: Engine, run_id: str) -> RunRecord:
-    """The run with its tags and metric summaries; RunNotFound if there is none."""
-    with connection_scope(engine) as conn:
-        found = load_runs(conn, [run_id])
-    if run_id not in found:
-        raise RunNotFound(run_id)
-    return found[run_id]
-
-
-def load_runs(conn: Connection, run_ids: Sequence[str]) -> dict[str, RunRecord]:
-    """Runs by id with tags and summaries: three queries however many runs."""
-    rows: list[Any] = []
-    for start in range(0, len(run_ids), IN_CHUNK):
-        chunk = list(run_ids[start : start + IN_CHUNK])
-        rows += conn.execute(select(Run.__table__).where(Run.id.in_(chunk))).all()
-    return records(conn, rows)
-
-
-def records(conn: Connection, rows: Sequence[Any]) -> dict[str, RunRecord]:
-    """Run rows completed with their tags and metric summaries (two queries)."""
-    ids = [row.id for row in rows]
-    tags: dict[str, list[str]] = {run_id: [] for run_id in ids}
-    for start in range(0, len(ids), IN_CHUNK):
-        query = select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(ids[start : start + IN_CHUNK]))
-        for run_id, tag in conn.execute(query.order_by(RunTag.tag)):
-            tags[run_id].append(tag)
-    metrics = summaries(conn, ids)
-    return {row.id: to_record(row, tags[row.id], metrics[row.id]) for row in rows}
-
-
-def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        name=row.name,
-        owner=row.owner,
-        status=row.status,
-        spec=row.spec,
-        spec_hash=row.spec_hash,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        heartbeat_at=row.heartbeat_at,
-        worker_id=row.worker_id,
-        device=row.device,
-        attempt=row.attempt,
-        progress=row.progress,
-        summary=row.summary or {},
-        error=row.error,
-        tags=tuple(tags),
-        parent_id=row.parent_id,
-        cancel_requested=bool(row.cancel_requested),
-        degraded=row.degraded,
-        sweep_id=row.sweep_id,
-        trial=row.trial,
-        group_id=row.group_id,
-        metrics=metrics,
-        notes=row.notes or "",
-    )
-
-
-def _require(session: Session, run_id: str) -> Run:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise RunNotFound(run_id)
-    return run
 
 
 def _update(session: Session, run_id: str, statuses: Sequence[str], **values: Any) -> bool:
@@ -282,7 +158,7 @@ def claim_run(engine: Engine, run_id: str, worker_id: str, device: str | None = 
     Returns None when the run is running elsewhere or finished (a run delivered
     twice runs once). Raises RunNotFound for an unknown run.
     """
-    _check_text("worker_id", worker_id, WORKER_ID_LEN)
+    check_text("worker_id", worker_id, WORKER_ID_LEN)
     now = utcnow()
     with session_scope(engine) as session:
         claimed = _update(
@@ -300,7 +176,7 @@ def claim_run(engine: Engine, run_id: str, worker_id: str, device: str | None = 
             error=None,
         )
         if not claimed:
-            _require(session, run_id)
+            require_run(session, run_id)
             return None
     return get_run(engine, run_id)
 
@@ -329,7 +205,7 @@ def heartbeat(
         if worker_id is not None:
             stmt = stmt.where(Run.worker_id == worker_id)
         owned = session.execute(stmt).rowcount == 1
-        run = _require(session, run_id)
+        run = require_run(session, run_id)
         return HeartbeatReply(cancel_requested=bool(run.cancel_requested), owned=owned)
 
 
@@ -348,7 +224,7 @@ def request_cancel(engine: Engine, run_id: str) -> RunRecord:
         )
         if not done:
             _update(session, run_id, ("running",), cancel_requested=True)
-            _require(session, run_id)
+            require_run(session, run_id)
     return get_run(engine, run_id)
 
 
@@ -392,7 +268,7 @@ def finish_run(
         if worker_id is not None:
             stmt = stmt.where(Run.worker_id == worker_id)
         if session.execute(stmt).rowcount != 1:
-            _require(session, run_id)
+            require_run(session, run_id)
             return None
     return get_run(engine, run_id)
 
@@ -452,7 +328,7 @@ def mark_degraded(engine: Engine, run_id: str, reason: str) -> bool:
         )
         changed = session.execute(stmt).rowcount == 1
         if not changed:
-            _require(session, run_id)
+            require_run(session, run_id)
         return changed
 
 

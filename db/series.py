@@ -26,7 +26,7 @@ from db.engine import connection_scope
 from db.errors import RunNotFound
 from db.models import Metric, MetricRollup, Run
 from db.rollup import LEVELS, WHOLE_SERIES_LEVEL
-from db.runs import load_runs
+from db.run_records import load_runs
 from db.types import Comparison, Series, SeriesPoint, stored_float
 
 DEFAULT_MAX_POINTS = 2000

@@ -18,7 +18,9 @@ from db.errors import RunNotFound, SweepNotFound
 from db.metrics import IN_CHUNK
 from db.models import Metric, Run, RunTag, Sweep, SweepDecision, SweepTrial
 from db.quota import check_queued
-from db.runs import _check_text, check_tags, get_run, load_runs, new_id, spec_json
+from db.run_labels import check_tags
+from db.run_records import get_run, load_runs
+from db.runs import new_id, queued_row
 from db.types import (
     NAME_LEN,
     OWNER_LEN,
@@ -27,6 +29,7 @@ from db.types import (
     RunRecord,
     SweepRecord,
     TrialRecord,
+    check_text,
     json_safe,
     utcnow,
 )
@@ -40,8 +43,8 @@ def create_sweep(
     """Store a new `running` sweep (its trials are created as it advances, each while its owner's queued runs
     stay within `max_queued`)."""
     name = name.strip()
-    _check_text("name", name, NAME_LEN)
-    _check_text("owner", owner, OWNER_LEN)
+    check_text("name", name, NAME_LEN)
+    check_text("owner", owner, OWNER_LEN)
     sweep_id = new_id()
     with session_scope(engine) as session:
         session.add(
@@ -143,27 +146,10 @@ def add_trial(
             )
             session.flush()  # the primary key decides here who has this number
             for spec, name in runs:
-                stored, digest = spec_json(spec)
-                run_id = new_id()
-                _check_text("name", name, NAME_LEN)
-                session.add(
-                    Run(
-                        id=run_id,
-                        name=name,
-                        owner=sweep.owner,
-                        status="queued",
-                        spec=stored,
-                        spec_hash=digest,
-                        created_at=utcnow(),
-                        attempt=0,
-                        summary={},
-                        cancel_requested=False,
-                        sweep_id=sweep.id,
-                        trial=number,
-                        group_id=group_id if len(runs) > 1 else None,
-                    )
-                )
-                ids.append(run_id)
+                group = group_id if len(runs) > 1 else None
+                row = queued_row(spec, name, sweep.owner, sweep_id=sweep.id, trial=number, group_id=group)
+                session.add(row)
+                ids.append(row.id)
             session.flush()
             session.add_all(RunTag(run_id=i, tag=t) for i in ids for t in tag_list)
     except IntegrityError:

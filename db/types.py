@@ -96,7 +96,7 @@ class RunRecord:
     group_id: str | None = None
     # Per metric key; filled by get_run and list_runs.
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
-    # Plain text about the run (db.runs.set_notes); "" for none.
+    # Plain text about the run (db.run_labels.set_notes); "" for none.
     notes: str = ""
 
     @property
@@ -240,6 +240,15 @@ def stored_float(value: float | None) -> float:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def check_text(field: str, value: str, limit: int) -> None:
+    """A text column's value (a name, an owner, a tag, a worker id): non-empty, and within its column length
+    (the *_LEN above), refused with the field's name before the database would refuse it without one."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise ValueError(f"{field} is {len(value)} characters long; the limit is {limit}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from db.listing import MAX_PAGE, METRIC_SORT_PREFIX, SORT_COLUMNS
 from db.listing import conditions as run_conditions
 from db.models import MetricRollup, Run, Sweep
 from db.rollup import WHOLE_SERIES_LEVEL
-from db.runs import load_runs
+from db.run_records import load_runs
 from db.sweeps import _sweep as sweep_record
 from db.types import RunRecord, SweepRecord
 

@@ -26,7 +26,7 @@ from core.config import RunSpec
 from core.names import FINISHED_STATUSES
 from db import repo
 from db.errors import QueueLimitReached
-from db.runs import check_tags
+from db.run_labels import check_tags
 from db.types import RunRecord, SweepRecord
 from sweep import study
 from sweep.spec import SweepSpec

@@ -291,7 +291,7 @@ def start_redis(folder: Path, *, password: str | None = None, timeout_s: float =
     exe = shutil.which("redis-server")
     assert exe, "redis-server not found on PATH (apt-get install redis-server)"
     auth = ["--requirepass", password] if password else []
-    for attempt in range(3):
+    for _ in range(3):
         port = free_port()
         proc = subprocess.Popen(
             [

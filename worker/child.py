@@ -244,23 +244,15 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s run {run_id} %(levelname)s %(message)s")
     term = TermFlag()
-    from core.config import RunSpec
-    from core.train import run_training
     from db.artifacts import StoreError
     from db.engine import make_engine
-    from db.repo import RunNotFound, finish_run, get_run
-    from worker.artifacts import fetch_checkpoints, localize_dataset
+    from db.repo import finish_run
     from worker.sink import DbSink
 
     settings = WorkerSettings()
     engine = make_engine(db_url)
     out, store_error, rank_lost = settings.run_dir(run_id), None, False
-    try:
-        run = retrying(lambda: get_run(engine, run_id), "read the run")
-    except RunNotFound:
-        _abandon(f"run {run_id} was deleted")
-    if run.worker_id != worker_id:
-        _abandon(f"run {run_id} is owned by {run.worker_id}")
+    run = _owned_run(engine, run_id, worker_id)
     try:
         store = settings.store()
     except StoreError as e:  # a wrong TORCHDECK_ARTIFACTS: the run fails saying so
@@ -272,21 +264,7 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
     try:
         if store_error is not None:
             raise store_error
-        spec = RunSpec.model_validate(run.spec)
-        if sink.uploader is not None:
-            # Another host may have run the earlier attempts: resume from the checkpoint in the store,
-            # and read an uploaded dataset from the store when its folder is not on this host.
-            for path in fetch_checkpoints(store, run_id, out):
-                sink.uploader.mark_present(path)
-                sink.event(
-                    "lifecycle",
-                    "info",
-                    f"fetched {path.name} from {store.url} to resume",
-                    {"code": "checkpoint_fetched"},
-                )
-        spec = localize_dataset(spec, store, engine) if store is not None else spec
-        resume = (out / "checkpoints" / CHECKPOINT_FILES["last"]).is_file()
-        summary = run_training(spec, out, sink, RunControl(sink, term, engine, run), resume=resume)
+        summary = _train(run, engine, store, sink, RunControl(sink, term, engine, run), out)
         status, error = summary["status"], summary.get("error")
     except Exception as e:  # noqa: BLE001 - recorded on the run, never lost in a log
         status, error, summary = "failed", f"{e.__class__.__name__}: {e}", {}
@@ -305,6 +283,43 @@ def run_child(run_id: str, worker_id: str, db_url: str) -> int:
         "record the end of the run",
     )
     return 0
+
+
+def _owned_run(engine, run_id: str, worker_id: str):
+    """The run this process was handed, still this worker's; otherwise the process exits (_abandon): the run was
+    deleted, or another worker claimed it meanwhile."""
+    from db.repo import RunNotFound, get_run
+
+    try:
+        run = retrying(lambda: get_run(engine, run_id), "read the run")
+    except RunNotFound:
+        _abandon(f"run {run_id} was deleted")
+    if run.worker_id != worker_id:
+        _abandon(f"run {run_id} is owned by {run.worker_id}")
+    return run
+
+
+def _train(run, engine, store, sink, control: RunControl, out) -> dict:
+    """Train the run here, resumed when its last.pt is in `out`; core's summary. With a store that is not this
+    host's folder, another host may have run the earlier attempts: their checkpoints are fetched from the store
+    first, and an uploaded dataset whose folder is not on this host is read from the store."""
+    from core.config import RunSpec
+    from core.train import run_training
+    from worker.artifacts import fetch_checkpoints, localize_dataset
+
+    spec = RunSpec.model_validate(run.spec)
+    if sink.uploader is not None:
+        for path in fetch_checkpoints(store, run.id, out):
+            sink.uploader.mark_present(path)
+            sink.event(
+                "lifecycle",
+                "info",
+                f"fetched {path.name} from {store.url} to resume",
+                {"code": "checkpoint_fetched"},
+            )
+    spec = localize_dataset(spec, store, engine) if store is not None else spec
+    resume = (out / "checkpoints" / CHECKPOINT_FILES["last"]).is_file()
+    return run_training(spec, out, sink, control, resume=resume)
 
 
 def retrying(fn, what: str, total_s: float = 120.0):

@@ -84,7 +84,8 @@ class WorkerSettings(BaseSettings):
     )
     public_url: str | None = Field(
         None,
-        description="The dashboard's public address (https://torchdeck.example.com): notifications link to the run's page.",
+        description="The dashboard's public address (https://torchdeck.example.com): "
+        "notifications link to the run's page.",
     )
 
     @field_validator("webhook_url", "public_url", mode="before")

@@ -2,10 +2,10 @@
 
 The training step only appends to in-memory lists (a lock held for microseconds). Two background
 threads do the rest:
-- the writer stores events and artifact rows first, then metric points in batches, every `flush_s`
-  or `flush_points`; a point or event the store refuses is dropped on its own (reported once as a
-  warning event) and never holds back the rest of its batch; while the database is unreachable it
-  keeps everything and retries with backoff, and what exceeds `sink_buffer_points` is spilled to the
+- the writer stores events and artifact rows first, then metric points in batches (worker/run_writer.py),
+  every `flush_s` or `flush_points`; a point or event the store refuses is dropped on its own (reported
+  once as a warning event) and never holds back the rest of its batch; while the database is unreachable
+  it keeps everything and retries with backoff, and what exceeds `sink_buffer_points` is spilled to the
   run's folder (worker/spill.py) and replayed when the database is back;
 - the heartbeat thread heartbeats every `heartbeat_s` and learns whether to stop, whatever the
   writer is doing.
@@ -24,35 +24,20 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine
 
 from core.names import MAX_EVENT_DATA, bounded  # noqa: F401 - MAX_EVENT_DATA re-exported: the cap the sink applies
-from db.artifacts import ArtifactStore, StoredObject, file_sha256
-from db.repo import (
-    EventInput,
-    MetricPoint,
-    NotOwned,
-    RunNotFound,
-    add_artifact,
-    append_events,
-    append_metrics,
-    event_problem,
-    heartbeat,
-    mark_degraded,
-    point_problem,
-)
+from db.artifacts import ArtifactStore, StoredObject
+from db.repo import EventInput, MetricPoint, NotOwned, RunNotFound, heartbeat, mark_degraded
 from db.types import EVENT_KEY_LEN, json_safe, utcnow
 from worker import spill
-from worker.refused import REFUSED, store_each
+from worker.run_writer import Artifact, RunWriter
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.sink")
-
-BATCH_POINTS = 5000  # points per append_metrics call
-Artifact = tuple[str, str, dict, StoredObject | None]
 
 
 class DbSink:
@@ -76,7 +61,7 @@ class DbSink:
         events without a step (default `a<attempt>`); `on_artifact(kind)` is told of each artifact stored."""
         self.engine, self.run_id, self.worker_id, self.attempt = engine, run_id, worker_id, attempt
         self.s = settings or WorkerSettings()
-        self.on_abandon, self.on_artifact = on_abandon, on_artifact
+        self.on_abandon = on_abandon
         self.scope = scope or f"a{attempt}"
         self._points: list[MetricPoint] = []
         self._events: list[EventInput] = []
@@ -96,8 +81,8 @@ class DbSink:
         self.degraded: str | None = None
         self._degraded_pending = False
         self._keys: Counter[str] = Counter()
-        self._refused: set[str] = set()
-        self.dropped = self.written = self.failures = 0
+        self.writer = RunWriter(engine, run_id, worker_id, self.event, on_artifact)
+        self._overflowed = self.failures = 0  # points dropped over the memory cap; failed writes (retried)
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
         self._queued = self._stored_upto = 0  # items handed over / stored so far (flush waits on these)
@@ -143,7 +128,7 @@ class DbSink:
     def _event_key(self, kind: str, code: str | None, step: int | None) -> str:
         """`s<step>:kind:code:n` for an event of the training (the same in every attempt that replays the
         step), `a<attempt>:kind:code:n` for one of this attempt's start-up; n counts repeats."""
-        base = f"{'s%d' % step if step is not None else self.scope}:{kind}:{code or '-'}"
+        base = f"{f's{step}' if step is not None else self.scope}:{kind}:{code or '-'}"
         with self._lock:
             n = self._keys[base]
             self._keys[base] += 1
@@ -173,6 +158,17 @@ class DbSink:
     # --- Control ------------------------------------------------------------------------------------
     def should_stop(self) -> bool:
         return self._cancel or not self._owned
+
+    # --- what happened to what was handed over -----------------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        """Points and events not recorded: refused by the store, or over the memory cap with no folder to spill to."""
+        return self.writer.dropped + self._overflowed
+
+    @property
+    def written(self) -> int:
+        """Metric points stored."""
+        return self.writer.written
 
     # --- flushing -----------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -251,25 +247,18 @@ class DbSink:
             events, self._events = self._events, []
             artifacts, self._artifacts = self._artifacts, []
             points, self._points = self._points, []
-        try:
-            while events:  # events and artifact rows first: they never wait behind metric points
-                store_each(events[:1000], self._write_events, event_problem, self._refused_event)
-                del events[:1000]
-            while artifacts:
-                self._write_artifact(artifacts[0])
-                artifacts.pop(0)
+        try:  # each of the writer's calls removes from its list what it stored
+            self.writer.events(events)  # events and artifact rows first: they never wait behind metric points
+            self.writer.artifacts(artifacts)
             if self._degraded_pending:
                 mark_degraded(self.engine, self.run_id, self.degraded or "degraded")
                 self._degraded_pending = False
-            self._replay_spill()
-            while points:
-                store_each(points[:BATCH_POINTS], self._write_points, point_problem, self._refused_point)
-                del points[:BATCH_POINTS]
+            if self.spill is not None:
+                self.writer.replay(self.spill)
+            self.writer.points(points)
             with self._lock:  # the reports of what was refused just now go with this flush
                 events, self._events = self._events, []
-            if events:
-                store_each(events, self._write_events, event_problem, self._refused_event)
-                events = []
+            self.writer.events(events)
         except Exception:
             # Put back what was not stored, in order, ahead of anything newer. Re-storing what did get
             # stored is harmless: points by (key, step) and events by their key are kept once.
@@ -282,56 +271,6 @@ class DbSink:
             self._stored_upto = max(self._stored_upto, upto)
             self._done.notify_all()
 
-    def _write_points(self, points: Sequence[MetricPoint]) -> None:
-        self.written += append_metrics(self.engine, self.run_id, points, worker_id=self.worker_id)
-
-    def _write_events(self, events: Sequence[EventInput]) -> None:
-        append_events(self.engine, self.run_id, events, worker_id=self.worker_id)
-
-    def _refused_point(self, point: MetricPoint, why: str) -> None:
-        self.dropped += 1
-        if point.key in self._refused:
-            return
-        self._refused.add(point.key)
-        digest = hashlib.sha256(str(point.key).encode()).hexdigest()[:16]
-        self.event(
-            "metrics",
-            "warning",
-            f"metric {str(point.key)[:80]!r} is not recorded: the store refused it ({why})",
-            {"code": "metric_refused", "key": str(point.key)[:1000], "reason": why, "id": digest},
-        )
-
-    def _refused_event(self, event: EventInput, why: str) -> None:
-        self.dropped += 1
-        log.warning("event %r of run %s refused by the store: %s", event.message[:80], self.run_id, why)
-        if "event" not in self._refused:
-            self._refused.add("event")
-            self.event(
-                "lifecycle",
-                "warning",
-                f"an event was refused by the store and is not recorded: {why}",
-                {"code": "event_refused", "reason": why, "kind": str(event.kind)[:32]},
-            )
-
-    def _write_artifact(self, item: Artifact) -> None:
-        kind, path, meta, obj = item
-        try:
-            if obj is not None:
-                add_artifact(self.engine, self.run_id, kind, obj.uri, size=obj.size, sha256=obj.sha256, meta=meta)
-            else:
-                p = Path(path)
-                size, digest = file_sha256(p) if p.is_file() else (None, None)
-                add_artifact(self.engine, self.run_id, kind, p.resolve().as_uri(), size=size, sha256=digest, meta=meta)
-            if self.on_artifact is not None:
-                self.on_artifact(kind)
-        except REFUSED as e:
-            self.event(
-                "artifacts",
-                "warning",
-                f"artifact {kind!r} ({Path(path).name}) is not recorded: the store refused it ({e})",
-                {"code": "artifact_refused", "kind": str(kind)[:32]},
-            )
-
     # --- spilling ------------------------------------------------------------------------------------
     def _spill_memory(self) -> bool:
         """Move every buffered point and event to a spill file (no run folder: keep them in memory)."""
@@ -340,7 +279,7 @@ class DbSink:
                 over = len(self._points) - self._hard_cap
                 if over > 0:  # no folder to spill to: bounded memory, the oldest points go
                     del self._points[:over]
-                    self.dropped += over
+                    self._overflowed += over
             return False
         with self._lock:
             points, self._points = self._points, []
@@ -361,24 +300,6 @@ class DbSink:
                 path,
             )
         return True
-
-    def _replay_spill(self) -> None:
-        if self.spill is None:
-            return
-        for path in self.spill.files():
-            points, events = spill.read(path)
-            for i in range(0, len(events), 1000):
-                store_each(events[i : i + 1000], self._write_events, event_problem, self._refused_event)
-            for i in range(0, len(points), BATCH_POINTS):
-                store_each(points[i : i + BATCH_POINTS], self._write_points, point_problem, self._refused_point)
-            path.unlink()
-            log.info(
-                "stored %d spilled points and %d events of run %s from %s",
-                len(points),
-                len(events),
-                self.run_id,
-                path.name,
-            )
 
     # --- the heartbeat thread -------------------------------------------------------------------------
     def _beat_loop(self) -> None:

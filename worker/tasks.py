@@ -1,5 +1,5 @@
 """The run task (thin: it claims, spawns and supervises) and the worker's background duties
-(its own heartbeat row and the reaper that re-queues runs whose worker died)."""
+(its own heartbeat row, and the reaper that re-queues runs whose worker died: worker/reaper.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from celery import signals
 from sqlalchemy import Engine
 
-from core.names import RUN_QUEUES, RUN_TASK, gpu_key, is_run_queue, queue_of
+from core.names import RUN_TASK, gpu_key, is_run_queue
 from db.engine import make_engine
 from db.repo import (
     EventInput,
@@ -25,17 +25,13 @@ from db.repo import (
     finish_run,
     get_run,
     heartbeat,
-    list_sweeps,
-    mark_lost,
-    mark_run_lost,
-    unclaimed_runs,
     upsert_worker,
 )
-from worker.broker import run_ids_in_broker
 from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, RANK_LOST_EXIT, spare_main
 from worker.exits import describe_exit, run_processes
 from worker.notify import notify_run_end
+from worker.reaper import advance_sweep, reap, resume_after_rank_loss
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("torchdeck.worker")
@@ -76,18 +72,8 @@ def execute_run(run_id: str) -> str:
     finally:
         _state["current_run"] = None
         if run.sweep_id is not None:
-            advance_sweep(run.sweep_id)
+            advance_sweep(engine(), run.sweep_id)
         notify_run_end(engine(), run_id, worker_id=worker_id)  # (in the background: only if it ended here)
-
-
-def advance_sweep(sweep_id: str) -> None:
-    """A sweep's run ended here: queue its next trials now (the reaper does it too, later, if this fails)."""
-    from sweep.control import advance
-
-    try:
-        advance(engine(), sweep_id, send)
-    except Exception as e:  # noqa: BLE001 - the reaper advances every running sweep again
-        log.warning("could not advance sweep %s: %s", sweep_id, e)
 
 
 def _device_label() -> str:
@@ -253,7 +239,7 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
         code == RANK_LOST_EXIT
         or (code == -signal.SIGKILL and w.cancel_at is None and run_processes(engine(), run_id) > 1)
     ):
-        return resume_after_rank_loss(run_id, worker_id, s)
+        return resume_after_rank_loss(engine(), run_id, worker_id, s)
     if w.gave_up is not None or code == ABANDONED_EXIT:
         log.warning("run %s left to its new owner (%s)", run_id, w.gave_up or "its process gave it up")
         return "abandoned"
@@ -273,121 +259,6 @@ def _watch(proc: mp.Process, pulse, run_id: str, worker_id: str, s: WorkerSettin
 
 
 # --- the worker's background duties -----------------------------------------------------------------
-
-
-def reap(settings: WorkerSettings | None = None) -> list[str]:
-    """Runs whose heartbeat went stale are `lost`: re-queued (they resume from their last checkpoint)
-    until max_attempts, then failed. mark_lost is atomic, so concurrent reapers never double-queue, and
-    every later transition is conditional on the run still being `lost`: a worker may claim it meanwhile."""
-    s = settings or WorkerSettings()
-    requeued = []
-    for run_id in mark_lost(engine(), s.stale_after_s):
-        r = get_run(engine(), run_id)
-        if requeue_or_fail(
-            r,
-            s,
-            f"worker {r.worker_id} stopped heartbeating",
-            "its worker stopped heartbeating (crashed, killed or disconnected)",
-        ):
-            requeued.append(run_id)
-    sent = resend_missing(s)
-    for sweep in list_sweeps(engine(), status=("running",)):
-        advance_sweep(sweep.id)  # a worker that died between a trial's end and its advance stalls no sweep
-    return requeued + sent
-
-
-def requeue_or_fail(r, s: WorkerSettings, what: str, why: str, notify: bool = True) -> bool:
-    """A `lost` run: sent again to resume from its last checkpoint (True), or failed once it has been tried
-    max_attempts times (notified unless the caller's run task notifies its end itself). Every write is conditional
-    on the run still being `lost`: a worker may claim it meanwhile."""
-    if r.attempt >= s.max_attempts:
-        if (
-            finish_run(
-                engine(), r.id, "failed", only_from=("lost",), error=f"lost {r.attempt} times: {why}; not retried again"
-            )
-            is not None
-            and notify
-        ):
-            notify_run_end(engine(), r.id, settings=s)
-        return False
-    append_events(
-        engine(),
-        r.id,
-        [
-            EventInput(
-                "lifecycle",
-                "warning",
-                f"{what}; re-queued (attempt {r.attempt + 1} of {s.max_attempts}) to "
-                f"'{queue_of(r.spec)}', resuming from the last checkpoint",
-                code="lost",
-            )
-        ],
-    )
-    send(r)
-    return True
-
-
-def resume_after_rank_loss(run_id: str, worker_id: str, s: WorkerSettings) -> str:
-    """The run's process exited because another rank of its multi-process run died (its event names the rank):
-    the run is marked lost now, not after its heartbeat goes stale, and re-queued like a run whose worker died.
-    A run someone asked to cancel is cancelled instead; one that is no longer this worker's is left alone."""
-    try:
-        if not mark_run_lost(engine(), run_id, worker_id=worker_id):
-            log.warning("run %s lost a rank but is no longer ours: left to its new owner", run_id)
-            return "abandoned"
-        r = get_run(engine(), run_id)
-        if r.cancel_requested:
-            finish_run(engine(), run_id, "cancelled", only_from=("lost",), error="cancelled while a rank was lost")
-            return "cancelled"
-        requeue_or_fail(
-            r,
-            s,
-            "a rank of this run's processes died",  # execute_run notifies a failed run's end
-            "a rank of its processes died each time (see its rank_lost events)",
-            notify=False,
-        )
-    except RunNotFound:
-        return "abandoned"
-    except Exception as e:  # noqa: BLE001 - the reaper re-queues it once its heartbeat is stale
-        log.error("could not re-queue run %s after its lost rank: %s", run_id, e)
-    return "rank lost"
-
-
-def send(run) -> None:
-    app.send_task(RUN_TASK, args=[run.id], queue=queue_of(run.spec))
-
-
-def resend_missing(s: WorkerSettings) -> list[str]:
-    """Runs waiting for a worker (queued, or lost and unclaimed) for longer than requeue_after_s whose
-    message is no longer in the broker: sent again, with an event saying so."""
-    waiting = unclaimed_runs(engine(), s.requeue_after_s)
-    if not waiting:
-        return []
-    # The queues these runs wait in, the multi-GPU ones (gpu-xN) included: a run's spec says which.
-    queues = sorted({*RUN_QUEUES, *(queue_of(r.spec) for r in waiting)})
-    present = run_ids_in_broker(app, queues, RUN_TASK, delivered_within_s=s.requeue_after_s)
-    if present is None:  # the broker cannot be read now: try again next round
-        return []
-    sent = []
-    for r in waiting:
-        if r.id in present:
-            continue
-        send(r)
-        append_events(
-            engine(),
-            r.id,
-            [
-                EventInput(
-                    "lifecycle",
-                    "warning",
-                    f"the queue had no message for this {r.status} run (the broker restarted or a "
-                    f"message was lost); sent it again to '{queue_of(r.spec)}'",
-                    code="resent",
-                )
-            ],
-        )
-        sent.append(r.id)
-    return sent
 
 
 def _devices() -> list[dict]:
@@ -415,7 +286,7 @@ def _background(stop: threading.Event, s: WorkerSettings) -> None:
             )
             if time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + s.reap_every_s
-                for run_id in reap(s):
+                for run_id in reap(engine(), s):
                     log.warning("re-queued lost run %s", run_id)
         except Exception as e:  # noqa: BLE001 - keep the worker alive through database outages
             log.warning("worker heartbeat/reaper failed: %s", e)

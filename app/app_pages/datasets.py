@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import auth
 from app.present import builtin_datasets as builtin
-from app.present import figures as charts
+from app.present import figures
 from app.present import text as f
 from app.services import datasets as ds
 from app.services.owners import owner_labels
@@ -116,7 +116,7 @@ def preview(record) -> None:
     left, right = st.columns([1, 1])
     counts = dict(sorted(record.counts.items()))
     left.plotly_chart(
-        charts.bar_figure(
+        figures.bar_figure(
             "Images per class", list(counts), list(counts.values()), y_title="images", uirevision=f"ds:{record.id}"
         ),
         key=K(f"counts.{record.id}"),
@@ -169,7 +169,7 @@ def builtin_section() -> None:
         )
         left, right = st.columns([1, 1])
         left.plotly_chart(
-            charts.bar_figure(
+            figures.bar_figure(
                 "Images per class", list(counts), list(counts.values()), y_title="images", uirevision="ds:digits"
             ),
             key=K("counts.digits"),
@@ -179,7 +179,7 @@ def builtin_section() -> None:
         st.markdown(builtin.synthetic_description())
         counts = builtin.synthetic_counts()
         st.plotly_chart(
-            charts.bar_figure(
+            figures.bar_figure(
                 "Images per class with the defaults",
                 list(counts),
                 list(counts.values()),

@@ -17,15 +17,14 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth
-from app.present import form_rules
-from app.present import new_run_hints as launch_hints
+from app.present import form_rules, new_run_hints
 from app.present import text as f
 from app.present.form_schema import errors_by_field, flatten, validate
 from app.services import jobs
 from app.services.artifacts import artifact_root
 from app.services.broker import run_queue
 from app.services.runs import submit
-from app.ui import frame, new_sweep, preflight_view, queries, run_view, spec_form
+from app.ui import frame, new_sweep, preflight_view, queries, run_view, spec_form, sweep_fields
 from core import catalog
 from core.config import RunSpec, SpecError
 from core.names import PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_S, PREFLIGHT_OVERFIT_STEPS
@@ -110,7 +109,7 @@ def dataset_from_query() -> None:
         )
 
 
-def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
+def apply_weights(sources: dict[str, new_run_hints.WeightSource]) -> None:
     """On choosing a run's weights: its best checkpoint, its model and the suggested transfer settings fill the
     form, and the new run will be linked to it; on clearing it, what the choice filled is undone."""
     chosen = sources.get(st.session_state.get(K("weights_from")))
@@ -123,14 +122,14 @@ def apply_weights(sources: dict[str, launch_hints.WeightSource]) -> None:
             st.session_state[K("parent")] = None
     if chosen is None or chosen.path is None:
         return
-    spec_form.fill(launch_hints.suggestion(chosen))
+    spec_form.fill(new_run_hints.suggestion(chosen))
     st.session_state[K("parent")] = chosen.run.id
     st.session_state[K("weights_chosen")] = (chosen.run.id, str(chosen.path))
 
 
 def weights_picker() -> None:
     root = artifact_root()
-    sources = {s.run.id: s for s in launch_hints.weight_sources(queries.engine(), root)}
+    sources = {s.run.id: s for s in new_run_hints.weight_sources(queries.engine(), root)}
     st.selectbox(
         "Start from a run's weights",
         list(sources),
@@ -153,7 +152,7 @@ def weights_picker() -> None:
     elif chosen is not None:
         st.caption(
             f"Starts from the best checkpoint of {f.md_text(chosen.run.name)}, and the new run is linked to "
-            f"it. {launch_hints.SUGGESTION_NOTE}"
+            f"it. {new_run_hints.SUGGESTION_NOTE}"
         )
 
 
@@ -236,9 +235,11 @@ def relevance() -> tuple[Callable[[str], bool], dict]:
     """Whether each field matters for the choices now in the form (a swept choice: for any value it tries;
     an uploaded dataset: the catalog's folder dataset, its path given), and those values ({dotted field: value})."""
     values = flatten(spec_form.read()[0])
-    swept = {x.path for x in new_sweep.swept()}
+    swept = {x.path for x in sweep_fields.swept()}
     tries = {
-        p: list(st.session_state.get(new_sweep.part_key(p, "values")) or []) for p in swept if p in form_rules.CHOOSERS
+        p: list(st.session_state.get(sweep_fields.part_key(p, "values")) or [])
+        for p in swept
+        if p in form_rules.CHOOSERS
     }
     uploaded = st.session_state.get(K("dataset"), NO_DATASET) != NO_DATASET
     if uploaded:
@@ -317,7 +318,7 @@ def hints_line(values: dict) -> None:
     stored = next((d for d in queries.datasets() if d.name == st.session_state.get(K("dataset"))), None)
     if stored is not None:
         values["data.path"] = stored.uri
-    h = launch_hints.hints(queries.engine(), values)
+    h = new_run_hints.hints(queries.engine(), values)
     parts = [f.md_text(x.describe()) for x in (h.memory, h.time) if x is not None]
     if h.workers.served:  # it names the workers and their hosts: as text
         st.info("\n\n".join([f.md_text(h.workers.text), *parts]), icon=":material/info:")

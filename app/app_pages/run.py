@@ -7,14 +7,13 @@ from __future__ import annotations
 import streamlit as st
 
 from app import auth
-from app.live import route as live_feed
-from app.live import series as live_series
+from app.live import route, series
 from app.live.chart import live_charts
 from app.present import text as f
 from app.present.figures import X_MODES
 from app.services.owners import owner_label
 from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollow
-from app.ui import frame, queries, run_charts, run_processes, run_view
+from app.ui import frame, queries, run_charts, run_files, run_processes, run_view
 from db.errors import RunNotFound
 from db.types import NOTES_LEN
 
@@ -178,7 +177,7 @@ def chart_controls() -> tuple[str, float, int]:
 def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: bool, timed: bool = False) -> None:
     # While live, the run's record may be a moment old: the status fragment notices the end and reruns the page.
     # Fed by the live route, the charts rerun only when their frame asks (the run ended, a grant expired).
-    fed = live and live_feed.served()
+    fed = live and route.served()
     r = queries.run(run_id, fresh=fed or not live)
     if r is None:
         return
@@ -192,10 +191,10 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
         return
     if fed and timed:
         st.rerun()  # the first points: the whole page once more, its charts then fed by the live route (no timer)
-    feed = _feed(r.id, xmode, smoothing) if counts is not None and live_feed.served() else None
+    feed = _feed(r.id, xmode, smoothing) if counts is not None and route.served() else None
     live_charts(charts, columns=ncols, key=K("charts"), feed=feed)  # updated in place: zoom and legend survive
     if counts is not None and feed is None:
-        last = live_series.shared(queries.db_url(), r.id).get("train/loss")[0]
+        last = series.shared(queries.db_url(), r.id).get("train/loss")[0]
         st.caption(f"{len(counts)} metric keys" + (f" · last step {last[-1]}" if last else ""))
         run_charts.wait_for_more(r.id, counts, K("charts"))
 
@@ -205,9 +204,9 @@ def _feed(run_id: str, xmode: str, smoothing: float) -> dict[str, str] | None:
     settings, made again when it expired; None when none can be made (the page then refreshes the charts)."""
     key = K(f"feed.{run_id}.{xmode}.{smoothing}")
     token = st.session_state.get(key)
-    if token is None or not live_feed.valid(token):
-        token = st.session_state[key] = live_feed.grant(run_id, xmode, smoothing)
-    return None if token is None else {"path": live_feed.PATH, "grant": token}
+    if token is None or not route.valid(token):
+        token = st.session_state[key] = route.grant(run_id, xmode, smoothing)
+    return None if token is None else {"path": route.PATH, "grant": token}
 
 
 def live_details(run_id: str) -> None:
@@ -240,14 +239,15 @@ def main() -> None:
         # Streamlit fades the elements of a fragment while it reruns; refreshed every second, the
         # live parts would spend half their time faded although nothing in them is out of date.
         st.html(
-            "<style>[data-stale='true']{opacity:1 !important;transition:none !important} [data-testid='stStatusWidget']{display:none !important}</style>"
+            "<style>[data-stale='true']{opacity:1 !important;transition:none !important} "
+            "[data-testid='stStatusWidget']{display:none !important}</style>"
         )
     header(r)
     buttons(r)
     run_view.repeated_notice(r)
     # Status, progress and ETA: every couple of seconds is plenty (the charts follow the points as they come).
     # Fed by the live route, the charts tell the page when the run ends: the status may refresh less often.
-    status_every = 5.0 if live_feed.served() else 2.0
+    status_every = 5.0 if route.served() else 2.0
     st.fragment(live_status, run_every=max(every, status_every) if every else None)(r.id, active)
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(
@@ -259,7 +259,7 @@ def main() -> None:
             xmode, smoothing, ncols = chart_controls()
             # Served with the live route, the chart frame follows the run itself once it has points: the page
             # refreshes the charts only every FED_CHECK_S then (before them, a refresh a second waits for the first).
-            fed = active and live_feed.served()
+            fed = active and route.served()
             timer = (queries.REFRESH_S if not r.metrics else FED_CHECK_S) if fed else queries.LIVE_S if active else None
             st.fragment(charts_view, run_every=timer)(r.id, xmode, smoothing, ncols, active, fed and not r.metrics)
     if details_tab.open:
@@ -273,9 +273,9 @@ def main() -> None:
             run_view.spec_panel(r)
     if files_tab.open:
         with files_tab:
-            run_view.artifacts_panel(r)
+            run_files.artifacts_panel(r)
             if r.finished:
-                run_view.export_panel(r)
+                run_files.export_panel(r)
 
 
 main()

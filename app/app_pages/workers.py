@@ -7,10 +7,11 @@ import pandas as pd
 import streamlit as st
 
 from app.present import text as f
+from app.services import queue_words
 from app.services.broker import is_alive
 from app.services.owners import owner_labels
 from app.ui import frame, queries
-from core.names import gpus_offered, is_run_queue, queue_gpus, queue_of
+from core.names import queue_of
 from db.types import RunRecord, WorkerRecord
 
 K = frame.page_state("workers")
@@ -28,28 +29,6 @@ def devices_text(w: WorkerRecord) -> str:
     return ", ".join(out) or "–"
 
 
-def takes_text(w: WorkerRecord) -> str:
-    """What runs the worker takes, from its queues: a multi-GPU worker's GPU count and the run sizes it serves
-    ("4 GPUs (runs of 2–4)"), so a run of N GPUs that waits can be matched against it at a glance. A worker that
-    sees no GPU (`make up` on a laptop consumes gpu and cpu) runs whatever it takes on its CPU: CPU runs."""
-    needs = sorted({n for q in w.queues if (n := queue_gpus(q))})  # GPU counts of its run queues
-    if w.devices and not any(d.get("kind") == "gpu" for d in w.devices) and any(map(is_run_queue, w.queues)):
-        gpu_queues = [q for q in w.queues if queue_gpus(q)]
-        if not gpu_queues:
-            return "CPU runs"
-        whose = f"the {gpu_queues[0]} queue's" if len(gpu_queues) == 1 else f"the {', '.join(gpu_queues)} queues'"
-        return f"CPU runs ({whose} too, on its CPU)"
-    most = gpus_offered(w.queues)
-    parts = []
-    if most >= 2:
-        parts.append(f"{most} GPUs (runs of {needs[0]}–{most})")
-    elif most == 1:
-        parts.append("1 GPU per run")
-    if "cpu" in w.queues:
-        parts.append("CPU runs")
-    return ", ".join(parts) or "no runs (dashboard jobs)"
-
-
 def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
     rows = []
     now = f.now()
@@ -60,7 +39,7 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
                 "state": "alive" if is_alive(w, now) else "silent",
                 "worker": w.id,  # doctor's rule
                 "host": w.hostname,
-                "takes": takes_text(w),
+                "takes": queue_words.takes(w.queues, w.devices),  # doctor's words too
                 "queues": ", ".join(w.queues),
                 "devices": devices_text(w),
                 "heartbeat age": f.seconds(age),

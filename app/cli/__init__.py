@@ -1,7 +1,8 @@
 """The `torchdeck` command line (the console script `torchdeck = app.cli:main`, and `python -m app.cli`): the
 typer app, with `train`, `validate` and `export` here and the other commands in this package: runs.py (submit,
-status, watch, cancel, runs, worker, up, ui), sweep.py, db.py and doctor.py. console.py is `train`'s progress
-bar; processes.py starts the workers, the private Redis and the dashboard. Commands that train or export import
+status, watch, cancel, runs), start.py (worker, up, ui), sweep.py, db.py and doctor.py (its worker checks in
+doctor_workers.py). console.py is `train`'s progress bar; processes.py builds the command lines of the workers,
+the private Redis and the dashboard. Commands that train or export import
 `core` lazily, so `torchdeck --help` and the database/queue commands start without torch."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from app.cli.db import db_app
 from app.cli.doctor import doctor
 from app.cli.runs import load_spec_or_exit as _load
 from app.cli.runs import register as register_run_commands
+from app.cli.start import register as register_start_commands
 from app.cli.sweep import sweep as sweep_command
 from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, SUCCESS_STATUSES
 from core.redact import redact_logs
@@ -111,6 +113,7 @@ def export_cmd(
 
 app.add_typer(db_app, name="db", help="Database schema: upgrade, current revision.")
 register_run_commands(app)
+register_start_commands(app)
 app.command()(sweep_command)
 app.command("doctor")(doctor)
 

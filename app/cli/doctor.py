@@ -4,49 +4,21 @@ for each failure what is wrong and how to fix it. Exit status 1 when something i
 It checks what every run needs, in the order a run needs it: the database (reachable, schema
 current), the broker (Redis answers), live workers and their devices (their heartbeat rows in
 the database), the artifact store (a probe written, read back and removed through db/artifacts/),
-and in team mode the sign-in settings.
-Reads the same environment as the app and the workers; never imports torch or the worker.
+and in team mode the sign-in settings. The worker checks are doctor_workers.py; a check's outcome and its lines,
+check.py. Reads the same environment as the app and the workers; never imports torch or the worker.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
-from app.services import queue_words
-from core.names import JOBS_QUEUE, MAX_RUN_GPUS, MULTI_GPU_PREFIX, RUN_QUEUES, gpus_offered, multi_gpu_queues, queue_of
+from app.cli.check import Check, first_line
+from app.cli.doctor_workers import check_workers
+from core.names import MAX_RUN_GPUS, RUN_QUEUES, multi_gpu_queues
 
 # A blackholed database host must not hang the doctor for the OS's two-minute TCP timeout.
 CONNECT_TIMEOUT_S = 5
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool | None  # None: not checked, because something it needs failed first
-    detail: str
-    fix: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        mark = {True: "✓", False: "✗", None: "–"}[self.ok]
-        out = [f"{mark} {self.name}: {self.detail}"]
-        out += [f"    {n}" for n in self.notes]
-        if self.fix and self.ok is False:
-            out.append(f"    fix: {self.fix}")
-        return out
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = lines[0] if lines else type(e).__name__
-    # SQLAlchemy wraps the driver's error: "(psycopg.OperationalError) connection failed: ..."
-    if line.startswith("(") and ") " in line:
-        line = line.split(") ", 1)[1]
-    return line[:300]
 
 
 def _shown_db(url: str) -> str:
@@ -111,7 +83,7 @@ def check_database() -> tuple[Check, object | None]:
         return Check(
             "database",
             False,
-            f"{shown}: {_first_line(e)}",
+            f"{shown}: {first_line(e)}",
             f"set {env_hint} to postgresql://USER:PASSWORD@HOST:5432/DB or sqlite:////path/torchdeck.db",
         ), None
     try:
@@ -121,7 +93,7 @@ def check_database() -> tuple[Check, object | None]:
         return Check(
             "database",
             False,
-            f"cannot connect to {shown}: {_first_line(e)}",
+            f"cannot connect to {shown}: {first_line(e)}",
             f"check host, port, user, password and database name in {env_hint}, and that the server "
             "is running (team mode: `docker compose ps postgres`)",
         ), None
@@ -132,7 +104,7 @@ def check_database() -> tuple[Check, object | None]:
         return Check(
             "database",
             False,
-            f"{shown}: cannot read the schema revision: {_first_line(e)}",
+            f"{shown}: cannot read the schema revision: {first_line(e)}",
             "check that this user may read the database",
         ), None
     if current != head:
@@ -173,7 +145,7 @@ def check_broker() -> tuple[Check, dict[str, int]]:
     try:
         client = redis.Redis.from_url(client_url, socket_connect_timeout=3, socket_timeout=3)  # connects lazily
     except ValueError as e:
-        return Check("broker", False, f"{shown}: not a valid Redis URL ({_first_line(e)})", fix), {}
+        return Check("broker", False, f"{shown}: not a valid Redis URL ({first_line(e)})", fix), {}
     try:
         client.ping()
         waiting = {q: int(client.llen(q)) for q in RUN_QUEUES}
@@ -183,127 +155,15 @@ def check_broker() -> tuple[Check, dict[str, int]]:
         return Check(
             "broker",
             False,
-            f"{shown}: Redis refused the password: {_first_line(e)}",
+            f"{shown}: Redis refused the password: {first_line(e)}",
             "put Redis's password (REDIS_PASSWORD) in TORCHDECK_BROKER_URL: redis://:PASSWORD@HOST:6379/0",
         ), {}
     except Exception as e:  # noqa: BLE001 - refused, timeout, unknown host, ...
-        return Check("broker", False, f"cannot reach {shown}: {_first_line(e)}", fix), {}
+        return Check("broker", False, f"cannot reach {shown}: {first_line(e)}", fix), {}
     finally:
         client.close()
     queued = ", ".join(f"{q} {n}" for q, n in waiting.items())
     return Check("broker", True, f"{shown}: reachable (messages waiting: {queued})"), waiting
-
-
-# --- workers --------------------------------------------------------------------------------------
-
-
-def _device_text(devices) -> str:
-    parts = []
-    for d in devices:
-        if d.get("kind") == "gpu":
-            mem = f", {d['mem_mb']:.0f} MB used" if isinstance(d.get("mem_mb"), (int, float)) else ""
-            parts.append(f"GPU {d.get('index', '?')}{mem}")
-        elif d.get("kind") == "cpu":
-            parts.append(f"CPU ({d.get('cores', '?')} cores)")
-    return ", ".join(parts) or "no devices reported"
-
-
-def check_workers(engine) -> list[Check]:
-    """Workers whose heartbeat is fresh, what they consume and which devices they see; a queue with
-    runs waiting and nobody consuming it is a failure."""
-    from app.services.broker import heartbeat_age_s, is_alive, stale_after_s
-    from db.repo import list_runs, list_workers
-
-    stale_after = stale_after_s()
-    now = datetime.now(UTC)
-    try:
-        workers = list_workers(engine)
-        queued = list_runs(engine, status="queued", limit=1000).runs
-    except Exception as e:  # noqa: BLE001
-        return [
-            Check(
-                "workers",
-                False,
-                f"cannot read the worker table: {_first_line(e)}",
-                "run `torchdeck db upgrade`, then `torchdeck doctor` again",
-            )
-        ]
-    live, stale = [], []
-    for w in workers:  # the Workers page's rule (app.services.broker.is_alive)
-        (live if is_alive(w, now) else stale).append((w, heartbeat_age_s(w, now)))
-    start_fix = (
-        "start one: team mode `docker compose up -d worker-gpu worker-cpu` (or on a GPU host "
-        "`torchdeck worker --gpus 0`); a CPU machine: `torchdeck worker --queues cpu`"
-    )
-    checks: list[Check] = []
-    for w, age in live:
-        gpu_queue = gpus_offered(w.queues) > 0  # gpu, or the gpu-xN queues of a multi-GPU worker
-        has_gpu = any(d.get("kind") == "gpu" for d in w.devices)
-        ok = has_gpu or not gpu_queue
-        checks.append(
-            Check(
-                f"worker {w.id}",
-                ok,
-                f"on {w.hostname}, queues {', '.join(w.queues) or '-'}, {_device_text(w.devices)}, "
-                f"heartbeat {age:.0f} s ago" + (f", running {w.current_run_id}" if w.current_run_id else ""),
-                ""
-                if ok
-                else "it consumes a gpu queue but sees no GPU: give its container the NVIDIA runtime "
-                "(deploy.resources.reservations.devices in docker-compose.yml, NVIDIA Container Toolkit on the "
-                "host) and check CUDA_VISIBLE_DEVICES",
-            )
-        )
-    stale_note = (
-        [
-            f"{len(stale)} worker(s) not seen for more than {stale_after:.0f} s (stopped or gone): "
-            + ", ".join(w.id for w, _ in stale[:5])
-        ]
-        if stale
-        else []
-    )
-    if not live:
-        checks.append(
-            Check(
-                "workers",
-                False,
-                f"no worker has sent a heartbeat in the last {stale_after:.0f} s",
-                start_fix,
-                stale_note,
-            )
-        )
-        return checks
-    consumed = {q for w, _ in live for q in w.queues}
-    checks.append(_queues_check([w for w, _ in live], queued, start_fix, stale_note))
-    if JOBS_QUEUE not in consumed:
-        checks.append(
-            Check(
-                "jobs",
-                False,
-                "no live worker serves the jobs queue: the dashboard's pre-flight and "
-                "'Export now' wait for one wherever the dashboard cannot run them itself (the "
-                "torch-free team image, or a run trained on another host)",
-                "`torchdeck worker` starts a jobs worker next to its run workers (unless --no-jobs); "
-                "team mode: `docker compose up -d worker-cpu`",
-            )
-        )
-    return checks
-
-
-def _queues_check(live: list, queued: list, start_fix: str, stale_note: list[str]) -> Check:
-    """Whether every queue with queued runs has a live worker; a multi-GPU queue (gpu-xN) nobody consumes is told
-    its own command (a worker owning N GPUs), since a GPU worker of fewer GPUs never takes it."""
-    consumed = {q for w in live for q in w.queues}
-    waiting: dict[str, int] = {}
-    for r in queued:
-        q = queue_of(r.spec)
-        waiting[q] = waiting.get(q, 0) + 1
-    orphaned = {q: n for q, n in waiting.items() if q not in consumed}
-    if not orphaned:
-        return Check("workers", True, f"{len(live)} live, consuming {', '.join(sorted(consumed))}", notes=stale_note)
-    what = ", ".join(f"{n} queued run(s) need the {q} queue" for q, n in orphaned.items())
-    most = max((gpus_offered(w.queues) for w in live), default=0)
-    fixes = [queue_words.fix(q, most) for q in orphaned if q.startswith(MULTI_GPU_PREFIX)]
-    return Check("workers", False, f"{what}, which no live worker consumes", "; ".join(fixes) or start_fix, stale_note)
 
 
 # --- artifact store -------------------------------------------------------------------------------
@@ -327,7 +187,7 @@ def check_artifacts() -> Check:
         return Check(
             "artifacts",
             False,
-            f"{location}: {_first_line(e)}",
+            f"{location}: {first_line(e)}",
             "set TORCHDECK_ARTIFACTS to a folder or s3://bucket/prefix",
         )
     if result.ok:

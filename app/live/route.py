@@ -4,7 +4,7 @@ Every Streamlit rerun costs the browser its fixed price (a new script run, the p
 reconciled, its styles recomputed): several tens of milliseconds, whatever changed. A live page that
 reran on every metric flush spent a third of a core in Chromium on that alone. So while a run is
 running, the chart frame asks this route for what changed instead (a long poll: the answer comes when a
-series grows, or after live_series.WAIT_S with nothing new), and the page reruns only when the person
+series grows, or after series.WAIT_S with nothing new), and the page reruns only when the person
 does something.
 
 Access: the route serves one run's charts to the holder of a grant, an unguessable token the Run page makes
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import orjson
 
 from app import auth
-from app.live import series as live_series
+from app.live import series
 from app.ui import queries, run_charts
 from db import repo
 
@@ -46,7 +46,7 @@ GRANT_IDLE_S = 600.0
 GRANT_MAX_AGE_S = 3600.0
 MAX_GRANTS = 10_000
 GRANTS_PER_SESSION = 8  # one per chart settings (x-axis, smoothing) the person tried: the oldest are stale
-MAX_POLLS = 64  # each waiting poll reads the run's counts every live_series.POLL_S / 2 in the thread pool
+MAX_POLLS = 64  # each waiting poll reads the run's counts every series.POLL_S / 2 in the thread pool
 POLLS_PER_SESSION = 2  # a frame polls one at a time; a re-created frame's last poll may still be waiting
 
 
@@ -183,7 +183,8 @@ def valid(token: str) -> bool:
 
 
 def request_identity(request) -> str | None:
-    """Team mode: the key of the person the request's sign-in cookie names, or None (app.web.front_door.signed_in_user)."""
+    """Team mode: the key of the person the request's sign-in cookie names, or None
+    (app.web.front_door.signed_in_user)."""
     from app.web import front_door
 
     user = front_door.signed_in_user(request)
@@ -205,15 +206,15 @@ def answer(g: Grant, have: set[str]) -> tuple[dict, dict[str, int] | None]:
 
 
 async def _changes(request, g: Grant, have: set[str]) -> dict:
-    """What changed since the frame's figures, waiting up to live_series.WAIT_S for a series to grow."""
+    """What changed since the frame's figures, waiting up to series.WAIT_S for a series to grow."""
     from starlette.concurrency import run_in_threadpool
 
     body, counts = await run_in_threadpool(answer, g, have)
     if counts is not None and all(c["spec"] is None for c in body["charts"]):
-        shared = live_series.shared(queries.db_url(), g.run_id)
-        deadline = time.monotonic() + live_series.WAIT_S
+        shared = series.shared(queries.db_url(), g.run_id)
+        deadline = time.monotonic() + series.WAIT_S
         while time.monotonic() < deadline and not await request.is_disconnected():
-            await asyncio.sleep(live_series.POLL_S / 2)
+            await asyncio.sleep(series.POLL_S / 2)
             if await run_in_threadpool(shared.latest_counts, queries.engine()) != counts:
                 body, counts = await run_in_threadpool(answer, g, have)
                 break

@@ -12,7 +12,7 @@ import numpy as np
 
 from app.present.text import code_span
 from core import catalog
-from core.config import DataSpec
+from core.spec_sections import DataSpec
 
 
 def is_torchvision(name: str) -> bool:

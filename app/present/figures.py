@@ -97,40 +97,57 @@ def line_dict(
     `whole_x` (steps, epochs), the x-axis is ticked on whole numbers only (whole_ticks)."""
     data = []
     for i, t in enumerate(traces):
-        color = t.color or PALETTE[i % len(PALETTE)]
-        name = plot_text(t.name)
-        x, y = as_dates(t.x) if x_dates else np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
-        if smoothing > 0 and not t.markers and len(y) > 2:
-            data.append(
-                {
-                    "type": "scatter",
-                    "x": x,
-                    "y": y,
-                    "name": f"{name} (raw)",
-                    "mode": "lines",
-                    "showlegend": False,
-                    "line": {"color": color, "width": 1},
-                    "opacity": 0.25,
-                    "hoverinfo": "skip",
-                    "legendgroup": t.name,
-                }
-            )
-            y = np.asarray(smooth(y.tolist(), smoothing), dtype=float)
-        data.append(
+        data += _trace_dicts(t, t.color or PALETTE[i % len(PALETTE)], x_dates=x_dates, smoothing=smoothing)
+    layout = _line_layout(title, x_title=x_title, uirevision=uirevision, height=height)
+    xs = [v for t in traces for v in t.x]
+    layout["xaxis"].update({**({"type": "date"} if x_dates else {}), **(whole_ticks(xs) if whole_x else {})})
+    if log_y:
+        layout["yaxis"] = {"type": "log", "dtick": 1, "exponentformat": "power"}  # one label per decade
+    else:
+        layout["yaxis"] = _flat_range([v for t in traces for v in t.y])
+    return {"data": data, "layout": layout}
+
+
+def _trace_dicts(t: Trace, color: str, *, x_dates: bool, smoothing: float) -> list[dict]:
+    """One trace's line; smoothed, its raw values faint behind it (per-step series with more than two points)."""
+    name = plot_text(t.name)
+    x, y = as_dates(t.x) if x_dates else np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+    out = []
+    if smoothing > 0 and not t.markers and len(y) > 2:
+        out.append(
             {
                 "type": "scatter",
                 "x": x,
                 "y": y,
-                "name": name,
+                "name": f"{name} (raw)",
+                "mode": "lines",
+                "showlegend": False,
+                "line": {"color": color, "width": 1},
+                "opacity": 0.25,
+                "hoverinfo": "skip",
                 "legendgroup": t.name,
-                "mode": "lines+markers" if t.markers else "lines",
-                "line": {"color": color, "width": 2},
-                "marker": {"size": 6},
-                **t.extra,
             }
         )
-    # Title on top, legend in its own row under it (long per-layer legends never cover the title).
-    layout = {
+        y = np.asarray(smooth(y.tolist(), smoothing), dtype=float)
+    out.append(
+        {
+            "type": "scatter",
+            "x": x,
+            "y": y,
+            "name": name,
+            "legendgroup": t.name,
+            "mode": "lines+markers" if t.markers else "lines",
+            "line": {"color": color, "width": 2},
+            "marker": {"size": 6},
+            **t.extra,
+        }
+    )
+    return out
+
+
+def _line_layout(title: str, *, x_title: str, uirevision: str, height: int) -> dict:
+    """Title on top, legend in its own row under it (long per-layer legends never cover the title)."""
+    return {
         "title": {"text": plot_text(title), "font": {"size": 14}, "y": 0.98, "yanchor": "top"},
         "height": height,
         "uirevision": uirevision,
@@ -144,18 +161,9 @@ def line_dict(
             "x": 0.0,
             "font": {"size": 11},
         },
-        "xaxis": {
-            "title": {"text": x_title},
-            **({"type": "date"} if x_dates else {}),
-            **(whole_ticks([v for t in traces for v in t.x]) if whole_x else {}),
-        },
+        "xaxis": {"title": {"text": x_title}},
         "yaxis": {},
     }
-    if log_y:
-        layout["yaxis"] = {"type": "log", "dtick": 1, "exponentformat": "power"}  # one label per decade
-    else:
-        layout["yaxis"] = _flat_range([v for t in traces for v in t.y])
-    return {"data": data, "layout": layout}
 
 
 WHOLE_X_MODES = ("step", "epoch")  # the x-axes counted in whole numbers

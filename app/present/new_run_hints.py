@@ -3,8 +3,8 @@
 - Similar runs: finished successful runs with the same dataset (for an image folder, the same folder) and model.
 - Time: the form's epochs × the median seconds per epoch of the similar runs (their summaries), as sweeps do.
 - Memory: the peak (`mem/peak_mb`) of the similar run closest in batch size and image size, newest first.
-- Workers: which live workers serve the run's queue (app.services.broker.queue_status); for a run of N GPUs (queue gpu-xN)
-  that no live worker offers, the most one does and the command that starts one.
+- Workers: which live workers serve the run's queue (app.services.broker.queue_status); for a run of N GPUs (queue
+  gpu-xN) that no live worker offers, the most one does and the command that starts one.
 - Start from a run's weights: finished successful runs that have a best checkpoint on this host; choosing one
   suggests feature extraction first, the whole backbone unfrozen later, at a 10× smaller learning rate.
 """

@@ -74,7 +74,8 @@ def enqueue_job(task: str, kwargs: dict[str, Any], expires_s: float | None = Non
 
 
 def stale_after_s() -> float:
-    """The workers' own limit (TORCHDECK_STALE_AFTER_S, worker/settings.py): a worker whose heartbeat is older is gone."""
+    """The workers' own limit (TORCHDECK_STALE_AFTER_S, worker/settings.py): a worker whose heartbeat is older is
+    gone."""
     return float(os.environ.get(STALE_AFTER_ENV) or STALE_AFTER_S)
 
 

@@ -323,7 +323,7 @@ def builtin_datasets() -> list[dict[str, object]]:
     their images, classes and size (what the spec sets where the catalog leaves them to it: its defaults), and
     whether each is available here."""
     from core.catalog import DATASETS
-    from core.config import DataSpec
+    from core.spec_sections import DataSpec
 
     data_dir = Path(os.environ.get("TORCHDECK_DATA") or "data")
     spec = DataSpec()  # the spec's defaults, for what the catalog leaves to it

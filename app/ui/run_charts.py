@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app.live import series as live_series
+from app.live import series
 from app.live.chart import Chart, asked_again, chart
 from app.present.figures import WHOLE_X_MODES, X_TITLES, Trace, line_dict, step_mapper
 from app.ui import queries
@@ -58,7 +58,7 @@ EPOCH_KEYS = (
     n.LR_EPOCH,
     n.DATA_WAIT_EPOCH,
 )
-MAX_POINTS = 2000  # a finished run's charts (a running run's: live_series.LIVE_POINTS)
+MAX_POINTS = 2000  # a finished run's charts (a running run's: series.LIVE_POINTS)
 
 
 def per_epoch(key: str) -> bool:
@@ -117,18 +117,18 @@ def _chart(
 
 def wait_for_more(run_id: str, counts: dict[str, int], chart_key: str) -> None:
     """After a timer's refresh has sent the charts of `counts`: wait, on the server, until a series grows
-    (a click cuts the wait short; at most live_series.WAIT_S), so that the browser redraws when there is
+    (a click cuts the wait short; at most series.WAIT_S), so that the browser redraws when there is
     something new rather than every few hundred milliseconds. The charts just sent reach the browser
     meanwhile: a fragment's messages stream while it runs."""
-    if live_series.fragment_rerun() and not asked_again(chart_key):
-        live = live_series.shared(queries.db_url(), run_id)
-        live.wait_for_growth(queries.engine(), counts, live_series.WAIT_S, live_series.preempted)
+    if series.fragment_rerun() and not asked_again(chart_key):
+        live = series.shared(queries.db_url(), run_id)
+        live.wait_for_growth(queries.engine(), counts, series.WAIT_S, series.preempted)
 
 
 def live_figures(r: RunRecord, xmode: str, smoothing: float) -> tuple[list[Chart], dict[str, int]]:
     """A running run's charts, and each metric key's point count."""
     engine = queries.engine()
-    live = live_series.shared(queries.db_url(), r.id)
+    live = series.shared(queries.db_url(), r.id)
     counts = live.refresh(engine)
     anchors = live.anchors(engine, (counts.get(n.EPOCH_TIME), counts.get(n.TRAIN_LOSS))) if xmode != "step" else []
     spe = steps_per_epoch(r, anchors[-1][0]) if anchors and xmode == "epoch" else None

@@ -1,7 +1,7 @@
-"""The RunSpec form: one widget per schema field (see app/present/form_schema.py), grouped, labelled in words (app/present/form_rules.py),
-with the schema's default and description, and a slot under each widget where that field's error appears. A
-group shows the fields that matter for the choices made, its rarely changed ones under "Advanced"; the others
-wait in a "Not used" expander, still drawn, so their values stay in the spec.
+"""The RunSpec form: one widget per schema field (see app/present/form_schema.py), grouped, labelled in words
+(app/present/form_rules.py), with the schema's default and description, and a slot under each widget where that
+field's error appears. A group shows the fields that matter for the choices made, its rarely changed ones under
+"Advanced"; the others wait in a "Not used" expander, still drawn, so their values stay in the spec.
 
 Widget state lives in page-scoped session-state keys (`nr.f.<dotted field>`), which is also how a
 preset, an uploaded YAML or a cloned run fills the form: write the keys, then render."""

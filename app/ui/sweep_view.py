@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.present import figures as charts
+from app.present import figures
 from app.present import text as f
 from app.present.seed_groups import add_band, band, mean_std_text
 from app.present.text import plot_text
@@ -197,7 +197,7 @@ def best_so_far_figure(v: SweepView) -> go.Figure:
             y=[o.value for o in done],
             mode="markers",
             name="trial",
-            marker={"color": charts.PALETTE[0], "size": 8},
+            marker={"color": figures.PALETTE[0], "size": 8},
             text=[plot_text(_label(v, o.number)) for o in done],
             hoverinfo="text+y",
         )
@@ -221,7 +221,7 @@ def best_so_far_figure(v: SweepView) -> go.Figure:
             y=[b for _, b in best],
             mode="lines",
             name="best so far",
-            line={"color": charts.PALETTE[2], "width": 3, "shape": "hv"},
+            line={"color": figures.PALETTE[2], "width": 3, "shape": "hv"},
         )
     )
     _layout(fig, f"Best so far ({v.spec.metric}, {v.spec.mode})", "trial", v)
@@ -234,7 +234,7 @@ def curves_figure(v: SweepView) -> go.Figure:
     fig = go.Figure()
     for i, o in enumerate(v.outcomes):
         name = plot_text(_label(v, o.number))
-        color = PRUNED_GRAY if o.state == "pruned" else charts.PALETTE[i % len(charts.PALETTE)]
+        color = PRUNED_GRAY if o.state == "pruned" else figures.PALETTE[i % len(figures.PALETTE)]
         runs = v.state.runs_of(o.number)
         per_run = {r.id: v.state.values.get(r.id, {}) for r in runs}
         if v.spec.seeds > 1 and sum(1 for c in per_run.values() if c) > 1:
@@ -277,7 +277,7 @@ def parallel_figure(v: SweepView) -> go.Figure | None:
             columns[f"{p} (log10)"] = [math.log10(x) for x in values]
         else:
             columns[p] = values
-    fig = charts.parallel_figure(columns, v.spec.metric, [o.value for o in done])
+    fig = figures.parallel_figure(columns, v.spec.metric, [o.value for o in done])
     fig.update_layout(uirevision=f"sweep:{v.sweep.id}:parallel")
     return fig
 
@@ -295,7 +295,7 @@ def _axis_value(x: Any) -> Any:
 
 def importance_figure(v: SweepView, values: dict[str, float]) -> go.Figure:
     names = sorted(values, key=values.get, reverse=True)
-    return charts.bar_figure(
+    return figures.bar_figure(
         "Parameter importances (Optuna, fANOVA)",
         names,
         [values[n] for n in names],

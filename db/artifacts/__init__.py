@@ -1,5 +1,5 @@
-"""The second half of the storage layer, beside the database: the artifact store, addressed by URL: where run files (checkpoints, exports, bundles) and
-uploaded datasets live so that every host of a team can reach them.
+"""The second half of the storage layer, beside the database: the artifact store, addressed by URL: where run
+files (checkpoints, exports, bundles) and uploaded datasets live so that every host of a team can reach them.
 
     store = open_store()                       # $TORCHDECK_ARTIFACTS, default $TORCHDECK_HOME/artifacts
     obj = store.put_file("/tmp/model.onnx", "runs/ab12/export/model.onnx")

@@ -318,19 +318,22 @@ def test_a_sweep_never_turns_an_uploaded_dataset_into_a_download_folder(gate, ho
     assert repo.sweep_runs(engine, stored.id) == [] and repo.list_runs(engine, owner=ana()).total == 0
 
 
-def test_the_dashboard_stores_runs_only_through_the_gate():
-    """Whatever entry point comes next goes through app/services/admission.py: nothing else in app/, sweep/ or worker/
-    stores a run (sweep.control stores a trial's runs with db add_trial, after core.admission's rules)."""
-    import re
+@pytest.mark.parametrize("entry", [*SERVICES, *CLIS, *PAGES])
+def test_closing_the_one_gate_closes_every_entry_point(gate, broker, entry, tmp_path, monkeypatch):
+    """Every way to create a run goes through app/services/admission.py: with its gate refusing everything, each
+    entry point refuses a good spec, nothing stored, nothing sent. An entry point that stored its runs some other
+    way (its own checks, or none) would still admit it."""
+    from app.services import admission
 
-    root = Path(__file__).resolve().parents[2]
-    storing = {
-        str(p.relative_to(root))
-        for part in ("app", "sweep", "worker")
-        for p in (root / part).rglob("*.py")
-        if re.search(r"\bcreate_runs?\(", p.read_text())
-    }
-    assert storing == {"app/services/admission.py"}
+    def closed(specs, **_):
+        raise SpecError([("data.path", "the gate is closed")])
+
+    monkeypatch.setattr(admission, "admit", closed)
+    engine = gate
+    make = {**SERVICES, **PAGES}.get(entry) or (lambda e, case: CLIS[entry](e, case, tmp_path))
+    before = anas(engine)
+    outcome = make(engine, "good")
+    assert outcome[0] != "admitted" and anas(engine) == before and broker.dbsize() == 0, (entry, outcome)
 
 
 def test_a_copy_out_of_bounds_is_refused_with_its_field(gate):

@@ -99,7 +99,7 @@ def _heard_from(engine, worker_id: str, seconds_ago: float) -> None:
 
 def test_the_workers_page_and_doctor_agree_on_who_is_alive(page, engine, monkeypatch):
     """One limit, TORCHDECK_STALE_AFTER_S, for the page, `torchdeck doctor` and the queue's warnings."""
-    from app.cli.doctor import check_workers
+    from app.cli.doctor_workers import check_workers
     from app.services.broker import queue_status
 
     monkeypatch.setenv("TORCHDECK_STALE_AFTER_S", "120")  # a slow shared machine: heartbeats can lag a minute
@@ -127,6 +127,28 @@ def test_a_cpu_only_worker_takes_cpu_runs_and_an_idle_one_shows_a_dash_for_its_r
         "jobs@laptop": "no runs (dashboard jobs)",
     }
     assert shown.value["current run"].isna().all() and shown.proto.placeholder == "–"  # idle: a dash, not "None"
+
+
+def test_doctor_agrees_with_the_workers_page_on_the_local_worker_without_a_gpu(engine, monkeypatch):
+    """`torchdeck doctor` after `make up` on a laptop: its worker consumes gpu and cpu and sees no GPU. In local mode
+    that is the default, and the doctor says what the Workers page says (it takes CPU runs, the gpu queue's too, on
+    its CPU) as a note, and passes; where GPUs are expected (team mode) the same worker is a failure with the fix."""
+    from app.cli.doctor_workers import check_workers
+
+    repo.upsert_worker(
+        engine, "cpu@laptop", hostname="laptop", queues=["gpu", "cpu"], devices=[{"kind": "cpu", "cores": 8}]
+    )
+    repo.upsert_worker(engine, "jobs@laptop", hostname="laptop", queues=["jobs"], devices=[{"kind": "cpu", "cores": 8}])
+    seed_run(engine, "on-the-gpu-queue", status="queued", spec={"device": "auto"})
+    monkeypatch.delenv("TORCHDECK_MODE", raising=False)
+    local = {c.name: c for c in check_workers(engine)}
+    laptop = local["worker cpu@laptop"]
+    assert all(c.ok for c in local.values()), [ln for c in local.values() for ln in c.lines()]
+    assert "takes CPU runs (the gpu queue's too, on its CPU)" in laptop.detail
+    assert any("trains those runs on its CPU" in n for n in laptop.notes)
+    monkeypatch.setenv("TORCHDECK_MODE", "team")
+    team = {c.name: c for c in check_workers(engine)}["worker cpu@laptop"]
+    assert team.ok is False and "consumes a gpu queue but sees no GPU" in team.fix and not team.notes
 
 
 def test_compare_curves_of_one_point_have_whole_steps_and_epochs(page, engine):

@@ -94,14 +94,14 @@ def test_unfollowing_stops_the_notices(page, engine):
 
 
 def test_following_goes_through_the_service_and_a_run_deleted_meanwhile_is_said_to_be_gone(page, engine, monkeypatch):
-    from app.services import runs as services
+    from app.services import runs
 
     r = seed_run(engine, "watched", status="running")
     calls = []
     for name in ("follow", "unfollow"):
-        real = getattr(services, name)
+        real = getattr(runs, name)
         monkeypatch.setattr(
-            services,
+            runs,
             name,
             lambda run_id, engine=None, *, by, _real=real, _name=name: (
                 calls.append((_name, run_id, by.id)) or _real(run_id, engine, by=by)

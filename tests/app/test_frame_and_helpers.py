@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.present import figures as charts
-from app.present import form_schema as schema
+from app.present import figures, form_schema
 from core.config import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,31 +31,61 @@ def test_sidebar_shows_activity_and_where_data_lives(page, engine):
     assert "0 running · 0 queued" in captions and "torchdeck.db" in captions
 
 
-def test_each_page_is_defined_once_and_every_link_opens_it(page, engine):
-    """A page's file is named in one place (app/ui/frame.py's PAGES): the navigation, the links and the switches
-    read it; each page opens from it; a page reached by link only (an artifact's download) is kept out of the
-    navigation."""
-    import re
+def test_every_page_opens_and_every_link_a_page_draws_leads_to_one(page, engine, home):
+    """Each page file is in the navigation (app/ui/frame.py's PAGES) and opens; the Artifact page, reached by link
+    only (an artifact's download), is kept out of it. The links the pages draw (st.page_link, and Markdown links
+    such as a run's lineage) each lead to a page of the dashboard: a renamed or moved page breaks none of them."""
+    from seeding import seed_run
 
     from app.ui import frame
+    from db import repo
 
     files = sorted(p.name for p in (ROOT / "app" / "app_pages").glob("*.py"))
     assert sorted(p.path.rsplit("/", 1)[1] for p in frame.PAGES) == files
-    for name in files:
-        written = [
-            str(f.relative_to(ROOT))
-            for f in (ROOT / "app").rglob("*.py")
-            for _ in re.finditer(rf"app_pages/{re.escape(name)}\b", f.read_text())
-        ]
-        assert written == ["app/ui/frame.py"], (name, written)
     assert [p.title for p in frame.PAGES if p.hidden] == ["Artifact"]
     at = page("runs.py")
     for p in frame.PAGES:
         at.switch_page(p.path)
         assert not at.run().exception, p.path
+    parent = seed_run(engine, "parent", epochs=1)
+    seeds = repo.create_runs(
+        engine, [(parent.spec, "seed-1"), (parent.spec, "seed-2")], parent_id=parent.id, group_id=repo.new_group_id()
+    )
+    export = home / "artifacts" / "runs" / parent.id / "export"
+    export.mkdir(parents=True)
+    (export / "model.onnx").write_bytes(b"onnx-bytes")
+    repo.add_artifact(engine, parent.id, "onnx", (export / "model.onnx").as_uri(), size=10)
+    shown = [page("run.py", id=parent.id), page("run.py", id=seeds[0].id), page("run.py", id="no-such-run")]
+    shown += [page("sweep.py")]
+    files_tab = page("run.py", id=parent.id)
+    files_tab.session_state["run.tab"] = "Artifacts"
+    shown.append(files_tab.run())
+    links = [(at, target) for at in shown for target in _links(at)]
+    pages = {p.url_path: p for p in frame.PAGES} | {"": next(p for p in frame.PAGES if p.default)}  # "": the home
+    assert all(target in pages for _, target in links), [target for _, target in links]
+    assert {"Run", "Compare", "Runs", "New run", "Artifact"} <= {pages[target].title for _, target in links}
+    for at, target in links:
+        at.switch_page(pages[target].path)
+        assert not at.run().exception, target
+
+
+def _links(at) -> list[str]:
+    """The pages a page's links lead to: each st.page_link's, and each relative Markdown link's first path part
+    (`run?id=…` → run)."""
+    import re
+
+    found = [link.proto.page for link in at.get("page_link")]
+    for kind in ("markdown", "caption", "info", "warning", "success", "error"):
+        for element in at.get(kind):
+            found += [t.split("?")[0] for t in re.findall(r"\]\(([^)\s]+)\)", element.value or "") if "://" not in t]
+    return found
+
+
+def test_the_dashboard_modules_load_without_torch():
     code = (
         "import sys, runpy; sys.argv=['x'];"
-        "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.compare_view,"
+        "import app.ui.queries, app.ui.spec_form, app.ui.run_charts, app.ui.run_view, app.ui.run_files,"
+        " app.ui.compare_view, app.ui.new_sweep,"
         " app.ui.frame, app.services.jobs, app.services.datasets, app.services.runs, app.present.figures,"
         " app.present.form_schema;"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
@@ -74,10 +103,10 @@ def test_form_covers_every_leaf_of_the_schema_in_a_named_group():
             else:
                 yield f"{prefix}{name}"
 
-    assert [f.path for f in schema.FIELDS] == list(leaves(RunSpec))
-    assert {f.group for f in schema.FIELDS} == {"Run", *schema.GROUPS}
-    assert schema.group_of("train.early_stopping.patience") == "Early stopping"
-    assert schema.group_of("train.precision") == "Precision & stability"
+    assert [f.path for f in form_schema.FIELDS] == list(leaves(RunSpec))
+    assert {f.group for f in form_schema.FIELDS} == {"Run", *form_schema.GROUPS}
+    assert form_schema.group_of("train.early_stopping.patience") == "Early stopping"
+    assert form_schema.group_of("train.precision") == "Precision & stability"
 
 
 @pytest.mark.parametrize(
@@ -92,18 +121,18 @@ def test_form_covers_every_leaf_of_the_schema_in_a_named_group():
     ],
 )
 def test_errors_are_placed_beside_the_field_they_concern(loc, message, field):
-    assert schema.field_for_error(loc, message) == field
+    assert form_schema.field_for_error(loc, message) == field
 
 
 def test_smoothing_is_debiased_and_keeps_nans():
-    assert charts.smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])
-    out = charts.smooth([0.0, float("nan"), 10.0], 0.5)
+    assert figures.smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])
+    out = figures.smooth([0.0, float("nan"), 10.0], 0.5)
     assert out[0] == 0.0 and out[1] != out[1] and out[2] == pytest.approx(20 / 3)
 
 
 def test_steps_map_onto_epochs_and_seconds():
     anchors = [(1, 0, 100.0), (50, 1, 110.0), (100, 2, 120.0)]  # (step, epoch end or 0, wall time)
-    to_epoch = charts.step_mapper(anchors, "epoch", 99.0)
+    to_epoch = figures.step_mapper(anchors, "epoch", 99.0)
     assert to_epoch([25, 50, 100, 150]) == pytest.approx([0.5, 1.0, 2.0, 3.0])
-    to_time = charts.step_mapper(anchors, "time", 99.0)
+    to_time = figures.step_mapper(anchors, "time", 99.0)
     assert to_time([1, 50, 100, 150]) == pytest.approx([1.0, 11.0, 21.0, 31.0])

@@ -26,7 +26,7 @@ from streamlit_session import (
 )
 from websockets.exceptions import InvalidStatus
 
-from app.web import front_door as http_guard
+from app.web import front_door
 from tests.e2e.conftest import serve_ui
 
 pytestmark = pytest.mark.timeout(300)
@@ -162,24 +162,24 @@ def test_team_mode_is_not_framed_by_other_sites_and_shows_visitors_no_error_deta
 
 
 def test_host_and_origin_parsing():
-    assert http_guard.host_name("LocalHost.:8501") == "localhost"
-    assert http_guard.host_name("[::1]:8501") == "::1"
-    assert http_guard.host_name("user@evil.example") is None and http_guard.host_name("a/b") is None
-    assert http_guard.host_name("127.0.0.1:notaport") is None and http_guard.host_name("") is None
-    assert http_guard.origin_name("http://127.0.0.1:8501") == "127.0.0.1"
-    assert http_guard.origin_name("null") is None and http_guard.origin_name("file://x") is None
-    assert all(http_guard.is_loopback_name(n) for n in ("localhost", "a.b.localhost", "127.0.0.1", "127.9.8.7", "::1"))
+    assert front_door.host_name("LocalHost.:8501") == "localhost"
+    assert front_door.host_name("[::1]:8501") == "::1"
+    assert front_door.host_name("user@evil.example") is None and front_door.host_name("a/b") is None
+    assert front_door.host_name("127.0.0.1:notaport") is None and front_door.host_name("") is None
+    assert front_door.origin_name("http://127.0.0.1:8501") == "127.0.0.1"
+    assert front_door.origin_name("null") is None and front_door.origin_name("file://x") is None
+    assert all(front_door.is_loopback_name(n) for n in ("localhost", "a.b.localhost", "127.0.0.1", "127.9.8.7", "::1"))
     assert not any(
-        http_guard.is_loopback_name(n)
+        front_door.is_loopback_name(n)
         for n in ("localhost.evil.example", "10.0.0.1", "0.0.0.0", "evil-localhost", "128.0.0.1")
     )
 
 
 def test_host_refusal_rules(monkeypatch):
-    assert http_guard.host_refusal("127.0.0.1:8501", None) is None
-    assert http_guard.host_refusal("127.0.0.1:8501", "http://localhost:3000") is None  # any port of this machine
-    assert "TORCHDECK_ALLOWED_HOSTS" in http_guard.host_refusal(None, None)
-    assert "Origin 'null'" in http_guard.host_refusal("localhost", "null")  # a sandboxed frame of any site
-    monkeypatch.setenv(http_guard.ALLOWED_HOSTS_ENV, " Box.Example:8501 ,, ")
-    assert http_guard.allowed_names() == {"box.example"}
-    assert http_guard.host_refusal("box.example:9000", "https://box.example", http_guard.allowed_names()) is None
+    assert front_door.host_refusal("127.0.0.1:8501", None) is None
+    assert front_door.host_refusal("127.0.0.1:8501", "http://localhost:3000") is None  # any port of this machine
+    assert "TORCHDECK_ALLOWED_HOSTS" in front_door.host_refusal(None, None)
+    assert "Origin 'null'" in front_door.host_refusal("localhost", "null")  # a sandboxed frame of any site
+    monkeypatch.setenv(front_door.ALLOWED_HOSTS_ENV, " Box.Example:8501 ,, ")
+    assert front_door.allowed_names() == {"box.example"}
+    assert front_door.host_refusal("box.example:9000", "https://box.example", front_door.allowed_names()) is None

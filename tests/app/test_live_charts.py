@@ -8,7 +8,7 @@ import uuid
 
 from seeding import plotly_figures, seed_run
 
-from app.live import series as live_series
+from app.live import series
 from app.live.chart import RESENDS
 from db import repo
 from db.types import MetricPoint
@@ -58,9 +58,9 @@ def test_viewers_of_a_run_share_its_series(page, engine, monkeypatch):
 
 def test_a_wait_for_new_points_ends_when_a_series_grows_or_when_told(engine):
     r = seed_run(engine, "wait", status="running", steps=5, epochs=0)
-    live = live_series.SharedRun(r.id)
+    live = series.SharedRun(r.id)
     counts = live.refresh(engine)
     live.wait_for_growth(engine, {**counts, "train/loss": 0}, timeout_s=600, interrupted=lambda: False)  # grown
     live.wait_for_growth(engine, counts, timeout_s=600, interrupted=lambda: True)  # a click
     live.wait_for_growth(engine, counts, timeout_s=0.2, interrupted=lambda: False)  # nothing: the timeout
-    assert not live_series.fragment_rerun() and not live_series.preempted()  # outside a script run
+    assert not series.fragment_rerun() and not series.preempted()  # outside a script run

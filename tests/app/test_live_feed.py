@@ -13,7 +13,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from app.live import route as live_feed
+from app.live import route
 from app.live.route import HEADER, PATH, Grants
 from db import repo
 from db.types import MetricPoint
@@ -29,7 +29,7 @@ def grants(monkeypatch) -> Grants:
 @pytest.fixture
 def client(grants):
     # This machine's address: local mode refuses any other (app.auth.local_refusal).
-    with TestClient(Starlette(routes=live_feed.routes(grants)), client=("127.0.0.1", 50000)) as c:
+    with TestClient(Starlette(routes=route.routes(grants)), client=("127.0.0.1", 50000)) as c:
         yield c
 
 

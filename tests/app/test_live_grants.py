@@ -31,7 +31,7 @@ from streamlit_session import (
     team_env,
 )
 
-from app.live import route as live_feed
+from app.live import route
 from app.live.route import HEADER, PATH, Grants, Polls
 from tests.e2e.conftest import serve_ui
 
@@ -140,14 +140,14 @@ def test_a_grant_expires_at_its_absolute_lifetime_however_often_it_is_polled(eng
     clock = Clock()
     grants = Grants(clock, always)
     token = grants.make("s1", None, r.id, "step", 0.0)
-    with TestClient(Starlette(routes=live_feed.routes(grants)), client=("127.0.0.1", 50000)) as client:
+    with TestClient(Starlette(routes=route.routes(grants)), client=("127.0.0.1", 50000)) as client:
         while client.get(PATH, headers={HEADER: token}).status_code == 200:
             clock.now += 5 * 60  # polled every five minutes: never idle
             assert clock.now - 1000 < 72 * 3600, "a polled grant lives for ever"
-        assert live_feed.GRANT_MAX_AGE_S - 5 * 60 < clock.now - 1000 <= live_feed.GRANT_MAX_AGE_S + 5 * 60
+        assert route.GRANT_MAX_AGE_S - 5 * 60 < clock.now - 1000 <= route.GRANT_MAX_AGE_S + 5 * 60
         assert client.get(PATH, headers={HEADER: token}).status_code == 404
         idle = grants.make("s1", None, r.id, "step", 0.0)
-        clock.now += live_feed.GRANT_IDLE_S + 1  # unused for longer than the idle timeout
+        clock.now += route.GRANT_IDLE_S + 1  # unused for longer than the idle timeout
         assert client.get(PATH, headers={HEADER: idle}).status_code == 404
 
 

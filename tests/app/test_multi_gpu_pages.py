@@ -10,7 +10,7 @@ from seeding import seed_run
 from typer.testing import CliRunner
 
 from app.cli import app as cli
-from app.present import new_run_hints as launch_hints
+from app.present import new_run_hints
 from app.services.broker import queue_status
 from db import repo
 from db.types import EventInput
@@ -58,13 +58,13 @@ def test_the_new_run_hint_names_the_gpu_gap_and_the_command_that_closes_it(page,
 
 def test_worker_hint_for_each_kind_of_run(engine):
     _worker(engine, "gpu0@box/1-aa", ["gpu"])
-    gap = launch_hints.worker_hint("gpu-x4", engine, 4)
+    gap = new_run_hints.worker_hint("gpu-x4", engine, 4)
     assert not gap.served and NO_FOUR in gap.text and START_FOUR in gap.text
     _worker(engine, "gpu0-1@box/3-cc", ["gpu-x2"], gpus=2)
-    assert "(the most is 2)" in launch_hints.worker_hint("gpu-x4", engine, 4).text
-    assert "lower resources.gpus to 2" in launch_hints.worker_hint("gpu-x4", engine, 4).text
-    assert launch_hints.worker_hint("gpu-x2", engine, 2).served
-    assert launch_hints.worker_hint("gpu", engine).served  # single-GPU runs: as before
+    assert "(the most is 2)" in new_run_hints.worker_hint("gpu-x4", engine, 4).text
+    assert "lower resources.gpus to 2" in new_run_hints.worker_hint("gpu-x4", engine, 4).text
+    assert new_run_hints.worker_hint("gpu-x2", engine, 2).served
+    assert new_run_hints.worker_hint("gpu", engine).served  # single-GPU runs: as before
 
 
 def test_the_run_page_and_the_overview_say_no_worker_can_take_a_queued_four_gpu_run(page, engine):
@@ -147,7 +147,7 @@ def test_torchdeck_submit_stores_and_queues_a_four_gpu_run_and_warns_of_the_gap(
 
 
 def test_doctor_names_the_multi_gpu_command_for_a_gpu_x_queue_nobody_consumes(engine):
-    from app.cli.doctor import _queues_check
+    from app.cli.doctor_workers import _queues_check
 
     _worker(engine, "gpu0@box/1-aa", ["gpu"])
     seed_run(engine, "ddp-4", status="queued", spec={"train": {"batch_size": 128}, "resources": {"gpus": 4}})

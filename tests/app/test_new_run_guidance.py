@@ -8,7 +8,7 @@ import pytest
 from markdown_view import shown
 from seeding import seed_run
 
-from app.present import new_run_hints as launch_hints
+from app.present import new_run_hints
 from app.services.artifacts import artifact_root
 from db import repo
 from db.types import MetricPoint
@@ -112,10 +112,10 @@ def test_checkpoint_path_stays_under_the_artifact_root(tmp_path):
     inside.write_bytes(b"x")
     outside = tmp_path / "secret.pt"
     outside.write_bytes(b"x")
-    assert launch_hints.checkpoint_path(inside.as_uri(), "r1", root) == inside.resolve()
-    assert launch_hints.checkpoint_path(outside.as_uri(), "r2", root) is None
-    assert launch_hints.checkpoint_path(outside.as_uri(), "r1", root) == inside.resolve()  # the run's own copy
-    assert launch_hints.checkpoint_path("s3://b/runs/r1/checkpoints/best.pt", "r1", root) == inside.resolve()
+    assert new_run_hints.checkpoint_path(inside.as_uri(), "r1", root) == inside.resolve()
+    assert new_run_hints.checkpoint_path(outside.as_uri(), "r2", root) is None
+    assert new_run_hints.checkpoint_path(outside.as_uri(), "r1", root) == inside.resolve()  # the run's own copy
+    assert new_run_hints.checkpoint_path("s3://b/runs/r1/checkpoints/best.pt", "r1", root) == inside.resolve()
 
 
 # --- before Launch --------------------------------------------------------------------------------------

@@ -164,7 +164,11 @@ def test_a_bad_sweep_yaml_names_its_fields(page):
     assert not at.checkbox(key=LR).value
 
 
-STEPPED = "base: {{data: {{name: digits}}}}\nspace: {{optim.momentum: {{uniform: [0.0, 0.9], step: {step}}}}}\nmethod: {method}\n"
+STEPPED = (
+    "base: {{data: {{name: digits}}}}\n"
+    "space: {{optim.momentum: {{uniform: [0.0, 0.9], step: {step}}}}}\n"
+    "method: {method}\n"
+)
 
 
 def test_a_random_sweeps_stepped_range_fills_the_form_as_its_range_not_its_values(page):
@@ -191,15 +195,15 @@ def test_the_forms_sweep_filler_never_builds_a_random_or_tpe_grid():
     found = run_bounded(f"""
         import logging
         logging.disable(logging.WARNING)
-        from app.ui import new_sweep
+        from app.ui import sweep_fields
         from sweep.spec import SweepSpec
         CAP
         out = {{}}
         text = {STEPPED.format(step="1.0e-12", method="METHOD")!r}
         for method in ("random", "tpe"):
             spec = SweepSpec.from_yaml(text.replace("METHOD", method))
-            out[method] = measure(lambda: new_sweep._parts_of(new_sweep.BY_PATH["optim.momentum"],
-                                                             spec.space["optim.momentum"], spec.method))
+            out[method] = measure(lambda: sweep_fields._parts_of(sweep_fields.BY_PATH["optim.momentum"],
+                                                                spec.space["optim.momentum"], spec.method))
         print(json.dumps(out))
     """)
     for method, result in found.items():

@@ -10,8 +10,7 @@ import pytest
 import streamlit as st
 from seeding import plotly_figures, seed_evaluation, seed_run
 
-from app.live import series as live_series
-from app.ui import run_charts
+from app.live import series
 from db import repo
 from db.types import MetricPoint
 
@@ -49,7 +48,7 @@ def test_finished_run_shows_status_best_and_charts_by_step_and_epoch(page, engin
     figs = _figures(at)
     assert {"Loss", "Accuracy", "Epoch time (s)"} <= set(figs)
     assert _trace(figs["Loss"], "val/loss")["x"] == [10, 20, 30, 40]
-    assert not any(run_id == r.id for _, run_id in live_series._registry()[1])  # a finished run is never polled
+    assert not any(run_id == r.id for _, run_id in series._registry()[1])  # a finished run is never polled
     at.segmented_control(key="run.xmode").set_value("epoch").run()
     val = _trace(_figures(at)["Loss"], "val/loss")
     assert val["x"] == pytest.approx([1, 2, 3, 4])
@@ -77,13 +76,13 @@ def test_a_chart_of_one_point_has_whole_steps_and_epochs_on_its_axis(page, engin
 def test_running_run_fetches_only_new_points(page, engine, monkeypatch):
     r = seed_run(engine, "live", status="running", steps=30, epochs=1)
     calls = []
-    real = run_charts.repo.series_many
+    real = series.repo.series_many  # what the shared series of a running run read
 
     def spy(engine, run_id, since, max_points=2000):
         calls.extend(since.items())
         return real(engine, run_id, since, max_points=max_points)
 
-    monkeypatch.setattr(run_charts.repo, "series_many", spy)
+    monkeypatch.setattr(series.repo, "series_many", spy)
     at = page("run.py", id=r.id)
     assert ("train/loss", None) in calls
     assert any("Cancel" == b.label for b in at.button)

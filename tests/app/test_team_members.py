@@ -8,7 +8,7 @@ from seeding import seed_run
 from test_auth import ANA, BOB, ISS, claims, team, team_page  # noqa: F401 - `team` is a fixture
 
 from app import auth
-from app.present import text as fmt
+from app.present import text
 from db import repo
 
 
@@ -50,7 +50,7 @@ def test_members_are_recorded_once_per_session_and_named_by_their_account(team, 
     at.selectbox(key="runs.owner").set_value(bob.id).run()
     assert list(at.dataframe[0].value["name"]) == ["bobs"]  # …and filters on the key
     at = team_page("run.py", claims(ANA), id=run.id)
-    assert any(f"owner {fmt.md_text(f'Bob ({BOB})')}" in c.value for c in at.caption)
+    assert any(f"owner {text.md_text(f'Bob ({BOB})')}" in c.value for c in at.caption)
     assert not any(ISS in c.value for c in at.caption)
 
 

@@ -375,8 +375,8 @@ def test_decode_refuses_a_huge_image_by_its_header(huge_png):
 
 
 def test_a_huge_image_in_a_training_folder_is_skipped_with_the_reason(tmp_path, huge_png):
-    from core.config import DataSpec
     from core.data import load_data
+    from core.spec_sections import DataSpec
 
     root = _image_folder(tmp_path / "pets", huge_png)
     b = load_data(
@@ -388,8 +388,8 @@ def test_a_huge_image_in_a_training_folder_is_skipped_with_the_reason(tmp_path, 
 
 
 def test_a_huge_image_over_the_bad_fraction_refuses_the_folder_naming_file_and_limit(tmp_path, huge_png):
-    from core.config import DataSpec
     from core.data import DataError, load_data
+    from core.spec_sections import DataSpec
 
     root = _image_folder(tmp_path / "pets", huge_png)
     with pytest.raises(DataError) as e:
@@ -432,7 +432,7 @@ def test_a_run_on_such_a_folder_trains_and_warns_naming_the_image(tmp_path, huge
 def test_top_confusions_are_the_largest_off_diagonal_cells():
     import torch
 
-    from core.engine import top_confusions
+    from core.insight import top_confusions
 
     cm = torch.tensor([[9, 3, 0, 0], [0, 8, 5, 1], [7, 0, 2, 0], [0, 0, 0, 4]])
     names = ["ant", "bee", "cat", "dog"]
@@ -471,9 +471,6 @@ def _evaluations(tmp_path: Path, classes: int) -> list[dict]:
 
 
 def test_an_evaluation_of_more_than_50_classes_carries_the_top_confusions_not_the_matrix(tmp_path):
-    from core.names import MAX_CONFUSION_CLASSES
-
-    assert MAX_CONFUSION_CLASSES == 50
     (data,) = _evaluations(tmp_path, 51)
     assert "confusion" not in data
     assert len(data["per_class_acc"]) == 51 and len(data["class_names"]) == 51
@@ -485,10 +482,10 @@ def test_an_evaluation_of_more_than_50_classes_carries_the_top_confusions_not_th
 
 
 def test_an_evaluation_of_1000_classes_names_the_200_least_accurate_within_the_event_cap(tmp_path):
-    from core.names import MAX_EVENT_DATA, MAX_PER_CLASS_SHOWN, bounded
+    from core.names import MAX_EVENT_DATA, bounded
 
     (data,) = _evaluations(tmp_path, 1000)
-    assert len(data["per_class_acc"]) == len(data["class_names"]) == MAX_PER_CLASS_SHOWN == 200
+    assert len(data["per_class_acc"]) == len(data["class_names"]) == 200
     assert data["per_class_acc"] == sorted(data["per_class_acc"])  # the classes that need attention first
     assert data["classes_shown"] == "the 200 classes with the lowest accuracy, of 1000"
     assert bounded(data) is data and len(json.dumps(data)) < MAX_EVENT_DATA  # stored whole: the Run page shows it

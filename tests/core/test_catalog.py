@@ -15,9 +15,10 @@ from torch import nn
 from app.present import form_rules
 from core import catalog
 from core.catalog import DATASETS, METRICS, MODEL_NAMES, MODELS
-from core.config import ModelSpec, RunSpec, SpecError
+from core.config import RunSpec, SpecError
 from core.models import BUILDERS, build_model, pretrained_weights_path
 from core.optim import apply_transfer
+from core.spec_sections import ModelSpec
 from sweep.spec import SweepSpec, SweepSpecError
 
 PRETRAINED = sorted(catalog.PRETRAINED_MODELS)

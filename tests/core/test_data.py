@@ -11,18 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from core.config import AugmentSpec, DataSpec, LoaderSpec
-from core.data import (
-    DataError,
-    DeviceBatches,
-    HostBatches,
-    Preprocess,
-    Split,
-    load_data,
-    make_batches,
-    stratified_split,
-)
+from core.batches import DeviceBatches, HostBatches, make_batches
+from core.data import DataError, Preprocess, Split, load_data, stratified_split
 from core.imagefolder import LazyImages
+from core.spec_sections import AugmentSpec, DataSpec, LoaderSpec
 
 CPU = torch.device("cpu")
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
@@ -272,7 +264,7 @@ def test_small_datasets_live_on_the_device_once():
     val = make_batches(b.val, 64, False, CPU, 0, LoaderSpec())
     assert isinstance(val, DeviceBatches) and val.x.device == CPU
     base = val.x.untyped_storage().data_ptr()
-    for x, y in val:  # batches are views into the one resident copy, not per-step copies
+    for x, _ in val:  # batches are views into the one resident copy, not per-step copies
         assert x.untyped_storage().data_ptr() == base and x.dtype == torch.uint8
     got = torch.cat([y for _, y in val])
     assert torch.equal(got, b.val.labels)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import ScheduleSpec
 from core.diagnosis import Diagnoser
 from core.events import MemorySink
 from core.optim import lr_factor
+from core.spec_sections import ScheduleSpec
 
 
 def _epoch(tl, ta, vl, va, wait=0.0):

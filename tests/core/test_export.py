@@ -21,13 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core import export as export_mod
+from core import export_checks
 from core.catalog import MODELS
-from core.config import DataSpec, ModelSpec, RunSpec
+from core.config import RunSpec
 from core.data import Preprocess, load_data
 from core.export import export_model
 from core.models import build_model
 from core.names import EXPORT_FORMATS as FORMATS
+from core.spec_sections import DataSpec, ModelSpec
 
 BIG = {"resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large"}  # slowest to export on CPU
 
@@ -36,8 +37,8 @@ BIG = {"resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large"}  # 
 def quick_latency(monkeypatch: pytest.MonkeyPatch) -> None:
     # Latency is measured the same way with one timed call: the tests check the figures are there,
     # benchmarks/bench_export.py measures them properly.
-    monkeypatch.setattr(export_mod, "LATENCY_REPEATS", 1)
-    monkeypatch.setattr(export_mod, "LATENCY_WARMUP", 0)
+    monkeypatch.setattr(export_checks, "LATENCY_REPEATS", 1)
+    monkeypatch.setattr(export_checks, "LATENCY_WARMUP", 0)
 
 
 def _meta(channels: int, size: int, classes: int = 3, arch: str = "test") -> dict:

@@ -1,4 +1,4 @@
-"""val/f1_macro, added as one measurement in core/engine.evaluate and one catalog entry: it is scikit-learn's
+"""val/f1_macro, added as one measurement in core/evaluation.evaluate and one catalog entry: it is scikit-learn's
 macro F1, it is in the epoch's metrics when they are sent, and early stopping and the best checkpoint follow it
 (higher is better) when it is the monitor."""
 

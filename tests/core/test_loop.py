@@ -319,8 +319,8 @@ def test_out_of_memory_fails_with_advice(tmp_path, monkeypatch):
 
 
 def test_plateau_schedule_decays_when_the_monitor_stalls():
-    from core.config import ScheduleSpec
     from core.optim import Schedule
+    from core.spec_sections import ScheduleSpec
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     sched = Schedule(

@@ -18,9 +18,10 @@ import yaml
 
 from core import model_size
 from core.catalog import MODELS
-from core.config import ModelSpec, RunSpec, SpecError
+from core.config import RunSpec, SpecError
 from core.model_size import Task
 from core.models import build_model, count_parameters
+from core.spec_sections import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GIANT_MLP = {"data": {"name": "synthetic", "image_size": 1024}, "model": {"name": "mlp", "hidden": 8192}}

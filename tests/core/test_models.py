@@ -15,9 +15,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from core.catalog import MODEL_NAMES, MODELS
-from core.config import ModelSpec, OptimSpec
 from core.models import build_model
 from core.optim import apply_transfer, build_optimizer
+from core.spec_sections import ModelSpec, OptimSpec
 
 
 def _build(name: str, classes: int = 5, channels: int = 3, size: int = 32, seed: int = 0, **kw) -> nn.Module:

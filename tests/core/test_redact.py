@@ -84,8 +84,12 @@ def test_urls_without_a_password_are_unchanged(scheme, user, host, port, path, w
 
 def test_the_messages_torchdeck_writes_are_masked_where_they_show_the_url():
     cases = {
-        f"could not reach the queue at redis://:{SECRET}@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.": "could not reach the queue at redis://:***@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.",
-        f"the run was stored but the broker is unreachable (redis://:{SECRET}@127.0.0.1:1/0): refused": "the run was stored but the broker is unreachable (redis://:***@127.0.0.1:1/0): refused",
+        f"could not reach the queue at redis://:{SECRET}@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379.": (
+            "could not reach the queue at redis://:***@127.0.0.1:6379/0: Error 111 connecting to 127.0.0.1:6379."
+        ),
+        f"the run was stored but the broker is unreachable (redis://:{SECRET}@127.0.0.1:1/0): refused": (
+            "the run was stored but the broker is unreachable (redis://:***@127.0.0.1:1/0): refused"
+        ),
         f"postgresql+psycopg://torchdeck:{SECRET}@db:5432/torchdeck": "postgresql+psycopg://torchdeck:***@db:5432/torchdeck",
         f"redis://:p@ss{SECRET}@redis:6379": "redis://:***@redis:6379",  # an unencoded '@' in the password
         f"s3 at https://minio:9000/bucket?access_key=AKIA&secret_key={SECRET}#x": "s3 at https://minio:9000/bucket?access_key=***&secret_key=***#x",

@@ -12,10 +12,11 @@ import torch
 import torchvision
 
 from core.catalog import MODELS
-from core.config import ModelSpec, OptimSpec, RunSpec
+from core.config import RunSpec
 from core.events import MemorySink
 from core.models import build_model
 from core.optim import build_optimizer
+from core.spec_sections import ModelSpec, OptimSpec
 from core.train import run_training
 
 NAME = "regnet_y_400mf"

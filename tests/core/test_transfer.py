@@ -11,11 +11,12 @@ import torch
 from PIL import Image
 from torch import nn
 
-from core.config import ModelSpec, OptimSpec, RunSpec, ScheduleSpec
+from core.config import RunSpec
 from core.engine import train_one_epoch
 from core.events import MemorySink, NeverStop
 from core.models import build_model
 from core.optim import Schedule, apply_transfer, build_optimizer, trained_stages
+from core.spec_sections import ModelSpec, OptimSpec, ScheduleSpec
 from core.train import build_trainer, run_training, seed_everything
 
 A, B = [f"a{i}" for i in range(5)], [f"b{i}" for i in range(5)]

@@ -4,7 +4,6 @@ run deletes its prefix in the store; uploaded datasets reach the store for worke
 from __future__ import annotations
 
 import hashlib
-import inspect
 import io
 import re
 import zipfile
@@ -130,12 +129,7 @@ def test_remove_deletes_the_runs_prefix_in_the_store(env):
     store = artifact_store()
     store.put_bytes(b"ck", f"runs/{run.id}/checkpoints/last.pt")
     finish_run(env, run.id, "completed")
-    kwargs = {}
-    if "by" in inspect.signature(remove).parameters:  # sign-in and ownership (app.auth)
-        from app.auth import local_user
-
-        kwargs["by"] = local_user()
-    remove(run.id, engine=env, **kwargs)
+    remove(run.id, engine=env, by=auth.local_user())  # the run's owner in local mode
     assert store.list(f"runs/{run.id}") == []
     assert store.list(f"runs/{other.id}") == [f"runs/{other.id}/export/model.onnx"]
 

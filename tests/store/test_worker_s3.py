@@ -6,7 +6,6 @@ service by artifact id; deleting the run empties its prefix."""
 from __future__ import annotations
 
 import hashlib
-import inspect
 import multiprocessing as mp
 import os
 import time
@@ -14,6 +13,7 @@ import time
 import pytest
 from sqlalchemy import update
 
+from app.auth import local_user
 from app.services.artifacts import read_artifact
 from app.services.runs import remove
 from core.config import RunSpec
@@ -108,12 +108,7 @@ def test_resume_on_another_host_fetches_the_checkpoint_from_the_store(tmp_path, 
     assert model.graph.input and model.graph.output
     assert arts["onnx"].meta.get("ok") is True  # the parity report travels with it
     # Deleting the run deletes its files in the bucket.
-    kwargs = {}
-    if "by" in inspect.signature(remove).parameters:  # sign-in and ownership (app.auth)
-        from app.auth import local_user
-
-        kwargs["by"] = local_user()
-    remove(run_id, engine=engine, **kwargs)
+    remove(run_id, engine=engine, by=local_user())  # the run's owner in local mode
     assert s3_artifacts.keys(f"runs/{run_id}/") == []
     engine.dispose()
 

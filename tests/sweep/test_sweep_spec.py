@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.config import RunSpec
-from sweep.spec import SweepSpec, SweepSpecError, known_paths
+from sweep.space import known_paths
+from sweep.spec import SweepSpec, SweepSpecError
 
 BASE = RunSpec.model_validate({"data": {"name": "digits"}, "train": {"epochs": 6}, "seed": 3})
 
@@ -90,7 +91,7 @@ def test_a_pruner_needs_more_than_one_epoch_and_yaml_is_bounded():
 
 def test_fields_naming_files_or_datasets_are_never_swept():
     from core.admission import FILE_FIELDS
-    from sweep.spec import sweepable_paths
+    from sweep.space import sweepable_paths
 
     assert set(FILE_FIELDS) == {"data.name", "data.path", "data.download", "model.weights_file"}
     for field, values in (

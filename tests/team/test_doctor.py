@@ -19,6 +19,18 @@ from tests.team.conftest import ROOT, VENV_BIN, clean_env
 pytestmark = pytest.mark.timeout(120)
 
 
+# Team mode with its sign-in settings complete (no allow-list: a warning, not a failure).
+TEAM_SIGN_IN = {
+    "TORCHDECK_MODE": "team",
+    "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
+    "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
+    "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
+    "TORCHDECK_OIDC_REDIRECT_URI": "https://torchdeck.example.com/oauth2callback",
+    "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret",
+    "TORCHDECK_ADMINS": "root@example.com",
+}
+
+
 def doctor(env: dict[str, str]) -> tuple[int, str]:
     """The real command, as an operator runs it."""
     done = subprocess.run(
@@ -203,11 +215,27 @@ def test_no_live_worker_and_gpu_worker_without_gpu(deployment, doctor_here):
     assert "no worker has sent a heartbeat" in workers and "cpu@testhost" in workers and "fix: start one" in workers
     upsert_worker(engine, "gpu0@box", hostname="box", queues=["gpu"], devices=[{"kind": "cpu", "cores": 8}])
     engine.dispose()
-    code, out = doctor_here(deployment)
+    code, out = doctor_here({**deployment, **TEAM_SIGN_IN})  # a team deployment: its gpu queue is its GPU hosts'
     assert code == 1
+    line(out, "✓", "sign-in")
     assert "sees no GPU" in line(out, "✗", "worker gpu0@box")
     jobs = line(out, "✗", "jobs")  # the jobs worker stopped with the CPU one
     assert "no live worker serves the jobs queue" in jobs and "fix: `torchdeck worker`" in jobs
+
+
+def test_local_mode_passes_the_worker_make_up_starts_on_a_machine_without_a_gpu(deployment, doctor_here):
+    """`make up` on a laptop: one worker consuming gpu and cpu that sees no GPU, beside the jobs worker. The Workers
+    page says it takes CPU runs, the gpu queue's too, on its CPU; so does the doctor, as a note, and it passes."""
+    engine = make_engine(deployment["TORCHDECK_DATABASE_URL"])
+    upsert_worker(
+        engine, "cpu@testhost", hostname="testhost", queues=["gpu", "cpu"], devices=[{"kind": "cpu", "cores": 2}]
+    )
+    engine.dispose()
+    code, out = doctor_here(deployment)
+    assert code == 0, out
+    laptop = line(out, "✓", "worker cpu@testhost")
+    assert "takes CPU runs (the gpu queue's too, on its CPU)" in laptop and "trains those runs on its CPU" in laptop
+    assert "fix:" not in laptop
 
 
 def test_team_mode_without_sign_in_settings(deployment, doctor_here):
@@ -220,16 +248,7 @@ def test_team_mode_without_sign_in_settings(deployment, doctor_here):
 
 
 def test_team_mode_warns_when_everyone_signed_in_is_a_member(deployment, doctor_here):
-    team = {
-        **deployment,
-        "TORCHDECK_MODE": "team",
-        "TORCHDECK_OIDC_ISSUER": "https://sso.example.com/realms/lab",
-        "TORCHDECK_OIDC_CLIENT_ID": "torchdeck",
-        "TORCHDECK_OIDC_CLIENT_SECRET": "s3cret",
-        "TORCHDECK_OIDC_REDIRECT_URI": "https://torchdeck.example.com/oauth2callback",
-        "TORCHDECK_OIDC_COOKIE_SECRET": "a-long-random-cookie-secret",
-        "TORCHDECK_ADMINS": "root@example.com",
-    }
+    team = {**deployment, **TEAM_SIGN_IN}
     code, out = doctor_here(team)
     assert code == 0, out  # a warning, not a failure
     sign_in = line(out, "✓", "sign-in")

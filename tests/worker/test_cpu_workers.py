@@ -10,11 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import app.cli.processes as launcher
 from app.auth import local_user
 from app.cli import app as cli
+from app.cli import processes
 from app.cli.processes import check_cpu_workers, cpu_threads, worker_commands
-from app.cli.runs import _up_workers, _worker_commands
+from app.cli.start import _up_workers, _worker_commands
 from app.services.runs import cancel
 from db.repo import get_run
 from tests.worker.conftest import ROOT, wait_for
@@ -27,9 +27,9 @@ def _node(cmd: list[str]) -> str:
 @pytest.fixture
 def machine(monkeypatch):
     """A machine of 8 cores (4 physical), no GPU, and no thread setting in the environment."""
-    monkeypatch.setattr(launcher, "cpu_cores", lambda: 8)
-    monkeypatch.setattr(launcher, "physical_cores", lambda: 4)
-    monkeypatch.setattr(launcher, "gpu_count", lambda: 0)
+    monkeypatch.setattr(processes, "cpu_cores", lambda: 8)
+    monkeypatch.setattr(processes, "physical_cores", lambda: 4)
+    monkeypatch.setattr(processes, "gpu_count", lambda: 0)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     return monkeypatch
@@ -80,7 +80,7 @@ def test_a_worker_count_that_does_not_fit_is_refused(machine, n, message):
 
 
 def test_queues_cpu_with_workers_asks_for_cpu_workers_even_on_a_gpu_host(machine):
-    machine.setattr(launcher, "gpu_count", lambda: 2)
+    machine.setattr(processes, "gpu_count", lambda: 2)
     assert [_node(c) for c, _ in _worker_commands(None, ["cpu"], 2)] == ["cpu@%h", "cpu2@%h"]
     assert [_node(c) for c, _ in _worker_commands(None, ["cpu"], None)] == ["gpu0@%h", "gpu1@%h"]  # as before
     assert [_node(c) for c, _ in _worker_commands(None, None, 1)] == ["gpu0@%h", "gpu1@%h"]
@@ -101,7 +101,7 @@ def test_queues_cpu_with_workers_asks_for_cpu_workers_even_on_a_gpu_host(machine
 )
 def test_the_cli_refuses_before_anything_starts(machine, tmp_path, args, message):
     machine.setenv("TORCHDECK_HOME", str(tmp_path))
-    machine.setattr(launcher.ProcessGroup, "start", lambda *a, **k: pytest.fail("a process was started"))
+    machine.setattr(processes.ProcessGroup, "start", lambda *a, **k: pytest.fail("a process was started"))
     done = CliRunner().invoke(cli, args)
     assert done.exit_code == 2, done.output
     assert message in done.output
@@ -111,7 +111,7 @@ def test_the_cli_refuses_before_anything_starts(machine, tmp_path, args, message
 def test_up_keeps_one_worker_on_a_gpu_machine_and_says_how_many_it_runs(machine, tmp_path):
     assert _up_workers(2)[1] == "workers: 2 CPU worker(s) side by side, 2 torch thread(s) each"
     assert _up_workers(1)[1] == "workers: 1 CPU worker(s) side by side, 4 torch thread(s) each"
-    machine.setattr(launcher, "gpu_count", lambda: 2)
+    machine.setattr(processes, "gpu_count", lambda: 2)
     commands, banner = _up_workers(1)
     assert len(commands) == 1 and banner == "workers: 1, with this machine's 2 GPU(s) and 4 torch thread(s)"
     machine.setenv("TORCHDECK_HOME", str(tmp_path))
@@ -141,7 +141,7 @@ def _points(stack, run_id: str) -> int:
 
 
 def test_two_cpu_workers_run_two_runs_side_by_side(stack, monkeypatch):
-    monkeypatch.setattr(launcher, "cpu_cores", lambda: 2)  # whatever this machine has: two workers fit
+    monkeypatch.setattr(processes, "cpu_cores", lambda: 2)  # whatever this machine has: two workers fit
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     stack.env.pop("MKL_NUM_THREADS", None)  # set only by worker_commands below (OMP_NUM_THREADS=1 is the tests')
     workers = [_start(stack, cmd, env) for cmd, env in worker_commands(None, ["cpu"], cpu_workers=2)]

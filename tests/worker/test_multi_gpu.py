@@ -13,12 +13,12 @@ import redis
 import typer
 
 from app.cli.processes import worker_commands
-from app.cli.runs import _up_workers, _worker_commands
+from app.cli.start import _up_workers, _worker_commands
 from core.names import RUN_TASK
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.repo import claim_run, create_run, get_run, list_events, request_cancel
-from worker import child, tasks
+from worker import child, reaper, tasks
 from worker.broker import run_ids_in_broker
 from worker.celery_app import make_app
 from worker.settings import WorkerSettings
@@ -69,14 +69,14 @@ def test_multi_gpu_refuses_what_it_cannot_serve():
 
 
 def test_the_cli_passes_multi_gpu_and_up_lets_its_one_worker_take_multi_gpu_runs(monkeypatch):
-    import app.cli.processes as launcher
+    from app.cli import processes
 
     ((cmd, env),) = _worker_commands("0,1,2,3", None, None, True)
     assert _node(cmd) == "gpu0-3@%h" and env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-    monkeypatch.setattr(launcher, "gpu_count", lambda: 1)
+    monkeypatch.setattr(processes, "gpu_count", lambda: 1)
     with pytest.raises(typer.Exit):  # one GPU found: said, and nothing starts
         _worker_commands(None, None, None, True)
-    monkeypatch.setattr(launcher, "gpu_count", lambda: 4)
+    monkeypatch.setattr(processes, "gpu_count", lambda: 4)
     ((cmd, _),) = _up_workers(1)[0]
     assert _queues(cmd) == ["gpu", "cpu", "gpu-x2", "gpu-x3", "gpu-x4"]
 
@@ -93,7 +93,7 @@ def stack(tmp_path, redis_server, monkeypatch):
     redis.Redis.from_url(broker).flushdb()
     app = make_app(WorkerSettings(broker_url=broker))
     monkeypatch.setattr(tasks, "_engine", engine)
-    monkeypatch.setattr(tasks, "app", app)
+    monkeypatch.setattr(reaper, "app", app)
     monkeypatch.setenv("TORCHDECK_HOME", str(tmp_path))
     monkeypatch.delenv("TORCHDECK_ARTIFACTS", raising=False)
     yield engine, app, redis.Redis.from_url(broker)
@@ -117,15 +117,15 @@ def test_a_multi_gpu_run_waits_in_its_own_queue_and_the_reaper_sees_it_there(sta
     engine, app, client = stack
     waiting = create_run(engine, FOUR_GPUS, name="waits for a 4-GPU worker")
     orphan = create_run(engine, TWO_GPUS, name="its message was lost")
-    tasks.send(waiting)
+    reaper.send(waiting)
     assert client.llen("gpu-x4") == 1 and client.llen("gpu") == 0
     assert run_ids_in_broker(app, ["gpu-x4"], RUN_TASK) == {waiting.id}
     for r in (waiting, orphan):
         _age(engine, r.id, 300)
     settings = WorkerSettings(requeue_after_s=60)
-    assert tasks.resend_missing(settings) == [orphan.id]  # the 4-GPU run's message was found: not sent twice
+    assert reaper.resend_missing(engine, settings) == [orphan.id]  # the 4-GPU run's message was found: not sent twice
     assert client.llen("gpu-x4") == 1 and client.llen("gpu-x2") == 1
-    assert tasks.resend_missing(settings) == []
+    assert reaper.resend_missing(engine, settings) == []
     resent = [e for e in list_events(engine, orphan.id) if e.code == "resent"]
     assert resent and "'gpu-x2'" in resent[0].message
 
@@ -168,7 +168,7 @@ def test_a_lost_rank_is_recorded_by_the_run_process_without_failing_the_run(stac
 def test_the_supervisor_marks_the_run_lost_at_once_and_requeues_it_to_resume(stack):
     engine, app, client = stack
     run = _running(engine)
-    assert tasks.resume_after_rank_loss(run.id, "w1", WorkerSettings(max_attempts=3)) == "rank lost"
+    assert reaper.resume_after_rank_loss(engine, run.id, "w1", WorkerSettings(max_attempts=3)) == "rank lost"
     r = get_run(engine, run.id)
     assert r.status == "lost" and r.error is None and r.finished_at is None
     (event,) = [e for e in list_events(engine, run.id) if e.code == "lost"]
@@ -181,20 +181,20 @@ def test_the_supervisor_marks_the_run_lost_at_once_and_requeues_it_to_resume(sta
 def test_a_run_whose_ranks_keep_dying_fails_after_max_attempts_and_a_cancelled_one_is_cancelled(stack):
     engine, _, client = stack
     run = _running(engine)
-    assert tasks.resume_after_rank_loss(run.id, "w1", WorkerSettings(max_attempts=1)) == "rank lost"
+    assert reaper.resume_after_rank_loss(engine, run.id, "w1", WorkerSettings(max_attempts=1)) == "rank lost"
     r = get_run(engine, run.id)
     assert r.status == "failed" and "lost 1 times: a rank of its processes died each time" in r.error
     assert client.llen("gpu-x4") == 0
     cancelled = _running(engine)
     request_cancel(engine, cancelled.id)
-    assert tasks.resume_after_rank_loss(cancelled.id, "w1", WorkerSettings()) == "cancelled"
+    assert reaper.resume_after_rank_loss(engine, cancelled.id, "w1", WorkerSettings()) == "cancelled"
     assert get_run(engine, cancelled.id).status == "cancelled" and client.llen("gpu-x4") == 0
 
 
 def test_a_run_no_longer_ours_is_left_alone(stack):
     engine, _, client = stack
     run = _running(engine, worker="w2")  # another worker claimed it meanwhile
-    assert tasks.resume_after_rank_loss(run.id, "w1", WorkerSettings()) == "abandoned"
+    assert reaper.resume_after_rank_loss(engine, run.id, "w1", WorkerSettings()) == "abandoned"
     assert get_run(engine, run.id).status == "running" and get_run(engine, run.id).worker_id == "w2"
     assert client.llen("gpu-x4") == 0
 

@@ -363,17 +363,16 @@ def test_notify_run_end_without_a_url_starts_nothing_and_a_broken_database_never
     assert "no-such-run" in line
 
 
-def test_the_reaper_notifies_a_run_it_fails(engine, hooks, monkeypatch):
+def test_the_reaper_notifies_a_run_it_fails(engine, hooks):
     import time
 
-    import worker.tasks as tasks
+    from worker import reaper
 
     hook = hooks()
-    monkeypatch.setattr(tasks, "_engine", engine)
     run = create_run(engine, {"device": "cpu"}, name="lost")
     claim_run(engine, run.id, "w1")
     time.sleep(0.05)  # its heartbeat is then older than stale_after_s below, however fast the machine
-    tasks.reap(WorkerSettings(stale_after_s=0.01, max_attempts=1, webhook_url=hook.url))
+    reaper.reap(engine, WorkerSettings(stale_after_s=0.01, max_attempts=1, webhook_url=hook.url))
     (sent,) = wait_for(hook.payloads, 60, "the reaper sent no notification")
     assert sent["run"]["id"] == run.id and sent["run"]["status"] == "failed" and "lost 1 times" in sent["run"]["error"]
     assert get_run(engine, run.id).status == "failed"

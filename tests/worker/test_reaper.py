@@ -15,7 +15,7 @@ from db.migrate import upgrade
 from db.models import Run
 from db.repo import claim_run, create_run, get_run, list_events, mark_lost
 from db.types import utcnow
-from worker import tasks
+from worker import reaper as worker_reaper
 from worker.broker import run_ids_in_broker
 from worker.celery_app import make_app
 from worker.settings import WorkerSettings
@@ -29,8 +29,7 @@ def reaper(tmp_path, redis_server, monkeypatch):
     broker = redis_server.url(0)  # the stacks use 1-14, the jobs tests 15
     redis.Redis.from_url(broker).flushdb()
     app = make_app(WorkerSettings(broker_url=broker))
-    monkeypatch.setattr(tasks, "_engine", engine)
-    monkeypatch.setattr(tasks, "app", app)
+    monkeypatch.setattr(worker_reaper, "app", app)
     yield engine, app, redis.Redis.from_url(broker)
     engine.dispose()
 
@@ -46,17 +45,18 @@ def test_only_runs_without_a_message_are_sent_again(reaper):
     settings = WorkerSettings(requeue_after_s=60)
     waiting = create_run(engine, {"device": "gpu"}, name="waits for a GPU worker")
     orphan = create_run(engine, {"device": "cpu"}, name="its message was lost")
-    tasks.send(waiting)
+    worker_reaper.send(waiting)
     for r in (waiting, orphan):
         _age(engine, r.id, 120)
     assert run_ids_in_broker(app, ("gpu", "cpu"), RUN_TASK) == {waiting.id}
-    assert tasks.resend_missing(settings) == [orphan.id]
+    assert worker_reaper.resend_missing(engine, settings) == [orphan.id]
     assert client.llen("gpu") == 1 and client.llen("cpu") == 1  # the waiting run was not sent twice
-    assert tasks.resend_missing(settings) == []  # both have their message now: a long queue is never flooded
+    # both have their message now: a long queue is never flooded
+    assert worker_reaper.resend_missing(engine, settings) == []
     assert "resent" in {e.code for e in list_events(engine, orphan.id)}
     assert "resent" not in {e.code for e in list_events(engine, waiting.id)}
     fresh = create_run(engine, {"device": "cpu"}, name="just created: its message is on its way")
-    assert fresh.id not in tasks.resend_missing(settings)
+    assert fresh.id not in worker_reaper.resend_missing(engine, settings)
 
 
 def test_a_lost_run_claimed_meanwhile_is_never_failed_by_the_reaper(reaper):
@@ -75,7 +75,7 @@ def test_a_lost_run_claimed_meanwhile_is_never_failed_by_the_reaper(reaper):
 def test_a_message_delivered_but_not_acknowledged_counts_as_present_while_recent(reaper):
     engine, app, client = reaper
     run = create_run(engine, {"device": "cpu"})
-    tasks.send(run)
+    worker_reaper.send(run)
     with app.connection_for_read() as conn:  # a worker took the message and has not acknowledged it yet
         queue = conn.SimpleQueue("cpu", no_ack=False)
         message = queue.get(timeout=10)

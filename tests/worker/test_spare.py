@@ -88,7 +88,8 @@ def test_a_run_process_is_ready_before_its_run_and_runs_it_once(method, tmp_path
         upgrade(url)
         engine = make_engine(url)
         spec = {{"data": {{"name": "synthetic", "num_classes": 3, "num_samples": 200, "size": 8, "channels": 1}},
-                 "model": {{"name": "simple_cnn", "hidden": 8}}, "train": {{"epochs": 1, "batch_size": 32, "log_every": 1}},
+                 "model": {{"name": "simple_cnn", "hidden": 8}},
+                 "train": {{"epochs": 1, "batch_size": 32, "log_every": 1}},
                  "export": {{"formats": []}}, "device": "cpu", "seed": 0}}
         run = create_run(engine, spec, name="spare")
         claim_run(engine, run.id, "w1", device="cpu")
@@ -111,7 +112,8 @@ def test_a_run_process_is_ready_before_its_run_and_runs_it_once(method, tmp_path
         print(json.dumps({{"exitcode": proc.exitcode, "status": done.status,
                           "steps": len(series(engine, run.id, "train/loss").steps),
                           "by_this_process": parent.pid == os.getpid(),
-                          "by_its_server": parent.ppid() == os.getpid() and "forkserver" in " ".join(parent.cmdline())}}))
+                          "by_its_server": parent.ppid() == os.getpid()
+                          and "forkserver" in " ".join(parent.cmdline())}}))
     """,
         env={"TORCHDECK_HOME": str(home), "OMP_NUM_THREADS": "1"},
     )

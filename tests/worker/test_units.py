@@ -38,14 +38,13 @@ def engine(tmp_path):
     return make_engine(url)
 
 
-def test_reaper_fails_a_run_lost_too_often(engine, monkeypatch):
-    import worker.tasks as tasks
+def test_reaper_fails_a_run_lost_too_often(engine):
+    from worker import reaper
 
-    monkeypatch.setattr(tasks, "_engine", engine)
     run = create_run(engine, {"device": "cpu"}, name="lost")
     claim_run(engine, run.id, "w1")
     time.sleep(0.05)
-    assert tasks.reap(WorkerSettings(stale_after_s=0.01, max_attempts=1)) == []
+    assert reaper.reap(engine, WorkerSettings(stale_after_s=0.01, max_attempts=1)) == []
     r = get_run(engine, run.id)
     assert r.status == "failed" and "lost 1 times" in r.error
 
