@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from core.config import RunSpec  # noqa: E402
 from core.data import Preprocess, load_data  # noqa: E402
 from core.export import export_model  # noqa: E402
+from core.export_report import export_meta
 from core.models import build_model  # noqa: E402
 from core.names import EXPORT_FORMATS as FORMATS  # noqa: E402
 from core.spec_sections import DataSpec, ModelSpec
@@ -35,16 +36,7 @@ def _validation_batch(samples: int) -> tuple[torch.Tensor, dict]:
     spec = RunSpec(data=DataSpec(name="synthetic", channels=3, size=32, num_classes=10, num_samples=2000))
     data = load_data(spec.data, seed=spec.seed)
     x = Preprocess(data.info, None, torch.device("cpu"))(data.val.images[:samples])
-    info = data.info
-    meta = {
-        "class_names": info.class_names,
-        "channels": info.channels,
-        "image_size": info.image_size,
-        "mean": info.mean,
-        "std": info.std,
-        "spec_hash": spec.spec_hash(),
-    }
-    return x, meta
+    return x, export_meta(data.info, spec.spec_hash())
 
 
 def _print_report(name: str, report: dict, seconds: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,16 +24,28 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
     return torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
 
 
+@dataclass(frozen=True)
+class Order:
+    """How a split is cut into batches (make_batches's arguments but the split and the loader): batches of
+    `batch_size` in the order (seed, epoch) gives, shuffled or not, on `device`; with `world` > 1, rank `rank`'s
+    shard of every global batch."""
+
+    batch_size: int
+    shuffle: bool
+    device: torch.device
+    seed: int
+    rank: int = 0
+    world: int = 1
+
+
 class _Batches:
     """What both kinds share: the epoch that seeds the order, and, as one rank's shard of `samples` in global
     batches of batch_size · world, how many batches every rank yields and each micro-batch's share of the loss."""
 
-    def __init__(
-        self, samples: int, batch_size: int, shuffle: bool, device: torch.device, seed: int, rank: int, world: int
-    ) -> None:
-        self.samples, self.batch_size, self.shuffle, self.device = samples, batch_size, shuffle, device
-        self.seed, self.rank, self.world = seed, rank, world
-        self.epoch = 0
+    def __init__(self, samples: int, order: Order) -> None:
+        self.samples, self.epoch = samples, 0
+        self.batch_size, self.shuffle, self.device = order.batch_size, order.shuffle, order.device
+        self.seed, self.rank, self.world = order.seed, order.rank, order.world
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -54,20 +67,11 @@ class DeviceBatches(_Batches):
     every rank yields the same number of batches (an empty one when a last partial batch has fewer
     samples than there are ranks), so the ranks' collectives stay paired."""
 
-    def __init__(
-        self,
-        split: Split,
-        batch_size: int,
-        shuffle: bool,
-        device: torch.device,
-        seed: int,
-        rank: int = 0,
-        world: int = 1,
-    ):
+    def __init__(self, split: Split, order: Order):
         assert isinstance(split.images, torch.Tensor)
-        super().__init__(len(split.labels), batch_size, shuffle, device, seed, rank, world)
-        self.x = split.images.to(device)
-        self.y = split.labels.to(device)
+        super().__init__(len(split.labels), order)
+        self.x = split.images.to(order.device)
+        self.y = split.labels.to(order.device)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.y)
@@ -115,20 +119,10 @@ class HostBatches(_Batches):
     """A DataLoader over host memory or lazily decoded files; batches moved per step. With `world` > 1,
     rank `rank`'s shard of every global batch, as DeviceBatches describes."""
 
-    def __init__(
-        self,
-        split: Split,
-        batch_size: int,
-        shuffle: bool,
-        device: torch.device,
-        seed: int,
-        loader: LoaderSpec,
-        rank: int = 0,
-        world: int = 1,
-    ):
-        super().__init__(len(split), batch_size, shuffle, device, seed, rank, world)
+    def __init__(self, split: Split, order: Order, loader: LoaderSpec):
+        super().__init__(len(split), order)
         self.num_workers = default_num_workers(loader, split)
-        self.pin = loader.pin_memory if loader.pin_memory is not None else device.type == "cuda"
+        self.pin = loader.pin_memory if loader.pin_memory is not None else order.device.type == "cuda"
         self.dataset = _SplitDataset(split)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -176,6 +170,7 @@ def make_batches(
     in_memory = isinstance(split.images, torch.Tensor)
     # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
     fits = in_memory and split.images.numel() * 4 <= loader.device_cache_mb * 2**20
+    order = Order(batch_size, shuffle, device, seed, rank, world)
     if fits and loader.num_workers in (None, 0):
-        return DeviceBatches(split, batch_size, shuffle, device, seed, rank, world)
-    return HostBatches(split, batch_size, shuffle, device, seed, loader, rank, world)
+        return DeviceBatches(split, order)
+    return HostBatches(split, order, loader)

@@ -14,7 +14,7 @@ copied here as plain data, never computed at import; tests/core/test_catalog.py 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from core.names import TRAIN_ACC, TRAIN_EPOCH_LOSS, TRAIN_LOSS, VAL_ACC, VAL_ACC_TOP5, VAL_F1_MACRO, VAL_LOSS, is_loss
 
@@ -103,89 +103,86 @@ def _weights(name: str, file: str, resize: int, interpolation: Literal["bilinear
     return Weights(name, file, Preprocessing(224, resize, IMAGENET_MEAN, IMAGENET_STD, interpolation))
 
 
+def _own(
+    family: str, builder: str, stages: tuple[Stage, ...], head: str, min_size: int, widths: tuple[int, ...] = ()
+) -> ModelEntry:
+    """One of torchdeck's own models (core/models.py): no pretrained weights, any number of input channels."""
+    return ModelEntry(family, "torchdeck", builder, stages, head, min_size=min_size, input_channels=None, widths=widths)
+
+
+def _tv(
+    name: str,
+    family: str,
+    stages: tuple[Stage, ...],
+    head: str,
+    weights: tuple[Any, ...],
+    footprint: tuple[int, int, int],
+) -> ModelEntry:
+    """A torchvision ImageNet classifier, built by get_model(`name`): its backbone stages and head; its pretrained
+    weights as (member of the weights enum, hub file, resize before the crop[, interpolation]); its Footprint
+    (backbone parameters, head features, activation bytes per pixel)."""
+    return ModelEntry(
+        family, "torchvision", name, stages, head, weights=_weights(*weights), footprint=Footprint(*footprint)
+    )
+
+
 # A resnet's stem is not one module: conv1 and bn1 hold its weights (relu and maxpool none).
 _RESNET = (Stage("stem", ("conv1", "bn1")), *_stages("layer1", "layer2", "layer3", "layer4"))
+_REGNET = _stages("stem", *(f"trunk_output.block{i}" for i in range(1, 5)))
 _SMALL_CNN = _stages("conv1", "conv2", "fc1")
 
 MODELS: dict[str, ModelEntry] = {
-    "mlp": ModelEntry("mlp", "torchdeck", "MLP", _stages("fc1", "fc2"), "head", min_size=1, input_channels=None),
-    "simple_cnn": ModelEntry(
-        "simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, input_channels=None, widths=(16, 32)
+    "mlp": _own("mlp", "MLP", _stages("fc1", "fc2"), "head", min_size=1),
+    "simple_cnn": _own("simple_cnn", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, widths=(16, 32)),
+    "simple_cnn_wide": _own("simple_cnn", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, widths=(32, 64)),
+    "resnet18": _tv(
+        "resnet18", "resnet", _RESNET, "fc", ("IMAGENET1K_V1", "resnet18-f37072fd.pth", 256), (11_176_512, 512, 443)
     ),
-    "simple_cnn_wide": ModelEntry(
-        "simple_cnn", "torchdeck", "SimpleCNN", _SMALL_CNN, "fc2", min_size=4, input_channels=None, widths=(32, 64)
+    "resnet34": _tv(
+        "resnet34", "resnet", _RESNET, "fc", ("IMAGENET1K_V1", "resnet34-b627a593.pth", 256), (21_284_672, 512, 644)
     ),
-    "resnet18": ModelEntry(
-        "resnet",
-        "torchvision",
-        "resnet18",
-        _RESNET,
-        "fc",
-        weights=_weights("IMAGENET1K_V1", "resnet18-f37072fd.pth", 256),
-        footprint=Footprint(11_176_512, 512, 443),
+    "resnet50": _tv(
+        "resnet50", "resnet", _RESNET, "fc", ("IMAGENET1K_V2", "resnet50-11ad3fa6.pth", 232), (23_508_032, 2048, 1717)
     ),
-    "resnet34": ModelEntry(
-        "resnet",
-        "torchvision",
-        "resnet34",
-        _RESNET,
-        "fc",
-        weights=_weights("IMAGENET1K_V1", "resnet34-b627a593.pth", 256),
-        footprint=Footprint(21_284_672, 512, 644),
-    ),
-    "resnet50": ModelEntry(
-        "resnet",
-        "torchvision",
-        "resnet50",
-        _RESNET,
-        "fc",
-        weights=_weights("IMAGENET1K_V2", "resnet50-11ad3fa6.pth", 232),
-        footprint=Footprint(23_508_032, 2048, 1717),
-    ),
-    "mobilenet_v3_small": ModelEntry(
-        "mobilenet",
-        "torchvision",
+    "mobilenet_v3_small": _tv(
         "mobilenet_v3_small",
+        "mobilenet",
         _numbered("features", 13),
         "classifier.3",
-        weights=_weights("IMAGENET1K_V1", "mobilenet_v3_small-047dcff4.pth", 256),
-        footprint=Footprint(1_517_856, 1024, 324),
+        ("IMAGENET1K_V1", "mobilenet_v3_small-047dcff4.pth", 256),
+        (1_517_856, 1024, 324),
     ),
-    "mobilenet_v3_large": ModelEntry(
-        "mobilenet",
-        "torchvision",
+    "mobilenet_v3_large": _tv(
         "mobilenet_v3_large",
+        "mobilenet",
         _numbered("features", 17),
         "classifier.3",
-        weights=_weights("IMAGENET1K_V2", "mobilenet_v3_large-5c1a4163.pth", 232),
-        footprint=Footprint(4_202_032, 1280, 882),
+        ("IMAGENET1K_V2", "mobilenet_v3_large-5c1a4163.pth", 232),
+        (4_202_032, 1280, 882),
     ),
-    "efficientnet_b0": ModelEntry(
-        "efficientnet",
-        "torchvision",
+    "efficientnet_b0": _tv(
         "efficientnet_b0",
+        "efficientnet",
         _numbered("features", 9),
         "classifier.1",
-        weights=_weights("IMAGENET1K_V1", "efficientnet_b0_rwightman-7f5810bc.pth", 256, "bicubic"),
-        footprint=Footprint(4_007_548, 1280, 1761),
+        ("IMAGENET1K_V1", "efficientnet_b0_rwightman-7f5810bc.pth", 256, "bicubic"),
+        (4_007_548, 1280, 1761),
     ),
-    "convnext_tiny": ModelEntry(
-        "convnext",
-        "torchvision",
+    "convnext_tiny": _tv(
         "convnext_tiny",
+        "convnext",
         _numbered("features", 8),
         "classifier.2",
-        weights=_weights("IMAGENET1K_V1", "convnext_tiny-983f1562.pth", 236),
-        footprint=Footprint(27_820_128, 768, 2176),
+        ("IMAGENET1K_V1", "convnext_tiny-983f1562.pth", 236),
+        (27_820_128, 768, 2176),
     ),
-    "regnet_y_400mf": ModelEntry(
-        "regnet",
-        "torchvision",
+    "regnet_y_400mf": _tv(
         "regnet_y_400mf",
-        _stages("stem", *(f"trunk_output.block{i}" for i in range(1, 5))),
+        "regnet",
+        _REGNET,
         "fc",
-        weights=_weights("IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", 232),
-        footprint=Footprint(3_903_144, 440, 672),
+        ("IMAGENET1K_V2", "regnet_y_400mf-e6988f5f.pth", 232),
+        (3_903_144, 440, 672),
     ),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
@@ -212,27 +209,23 @@ class DatasetEntry:
     files: str = ""  # torchvision: the files in that folder (for the offline message)
 
 
+def _torchvision_data(
+    channels: int, size: int, classes: int, samples: int, source: str, folder: str, files: str
+) -> DatasetEntry:
+    """A torchvision dataset: its train and test splits, from `folder` under data.path."""
+    return DatasetEntry("torchvision", ("train", "test"), channels, size, classes, samples, source, folder, files)
+
+
 _MNIST_FILES = "train-images-idx3-ubyte, train-labels-idx1-ubyte, …, optionally .gz"
+_CIFAR_FILES = "data_batch_1 … data_batch_5, test_batch, batches.meta"
 
 DATASETS: dict[str, DatasetEntry] = {
     "digits": DatasetEntry("builtin", ("all",), 1, 8, 10, 1797, source="sklearn.datasets.load_digits"),
     "synthetic": DatasetEntry("generated", ("all",), None, None, None),
     "imagefolder": DatasetEntry("folder", ("all",), 3, 64, None),
-    "mnist": DatasetEntry("torchvision", ("train", "test"), 1, 28, 10, 70_000, "MNIST", "MNIST/raw", _MNIST_FILES),
-    "fashion_mnist": DatasetEntry(
-        "torchvision", ("train", "test"), 1, 28, 10, 70_000, "FashionMNIST", "FashionMNIST/raw", _MNIST_FILES
-    ),
-    "cifar10": DatasetEntry(
-        "torchvision",
-        ("train", "test"),
-        3,
-        32,
-        10,
-        60_000,
-        "CIFAR10",
-        "cifar-10-batches-py",
-        "data_batch_1 … data_batch_5, test_batch, batches.meta",
-    ),
+    "mnist": _torchvision_data(1, 28, 10, 70_000, "MNIST", "MNIST/raw", _MNIST_FILES),
+    "fashion_mnist": _torchvision_data(1, 28, 10, 70_000, "FashionMNIST", "FashionMNIST/raw", _MNIST_FILES),
+    "cifar10": _torchvision_data(3, 32, 10, 60_000, "CIFAR10", "cifar-10-batches-py", _CIFAR_FILES),
 }
 DATASET_NAMES: tuple[str, ...] = tuple(DATASETS)
 

@@ -10,11 +10,14 @@ import zipfile
 from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from core.names import EXPORT_FILES, EXPORT_FORMATS
+
+if TYPE_CHECKING:
+    from core.data import DataInfo
 
 CHECK_BATCHES = (1, 7)  # besides the full batch: batch 1 and an odd size expose a specialised batch dim
 META_KEYS = ("class_names", "channels", "image_size", "mean", "std")  # what predict.py cannot work without
@@ -51,6 +54,12 @@ def embedded(report: dict[str, Any]) -> dict[str, str]:
         "arch": report["arch"] or "",
     }
     return {**{k: json.dumps(v) for k, v in as_json.items()}, **{k: str(v) for k, v in as_text.items()}}
+
+
+def export_meta(info: DataInfo, spec_hash: str) -> dict[str, Any]:
+    """export_model's `meta` for a model trained on data `info` with the run spec of this hash: what an image is
+    preprocessed with (META_KEYS, the data's own) and the spec it comes from. The caller adds the model's arch."""
+    return {**{key: getattr(info, key) for key in META_KEYS}, "spec_hash": spec_hash}
 
 
 def check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from core.diagnosis import ADVICE
 from core.distributed import SOLO, RankLost
 from core.engine import Diverged, fit
 from core.events import Control, NeverStop, Sink
+from core.export_report import export_meta
 from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
@@ -34,26 +35,29 @@ from core.recipe import build_trainer, resolve_device, resume_from, seed_everyth
 from core.trainer import Trainer, prepare
 
 
+def _passed(sink: Sink, code: str, message: str, data: dict[str, Any]) -> None:
+    """A pre-flight check that passed, as an event before the first step (its figures in the event's data)."""
+    sink.event("preflight", "info", message, {"code": code, **data}, step=0)
+
+
 def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
     shapes = check_shapes(t.model, t.data, t.device)
-    sink.event(
-        "preflight",
-        "info",
+    _passed(
+        sink,
+        "shape_check",
         f"shape check passed: input {shapes['input_shape']} → output {shapes['output_shape']}",
-        {"code": "shape_check", **shapes},
-        step=0,
+        shapes,
     )
     grid = sample_grid(t.data, out / "samples.png")
     sink.artifact(SAMPLE_GRID, str(grid), {"labels": "class names under each image"})
     if t.spec.train.overfit_check:
         r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
         if r["passed"]:
-            sink.event(
-                "preflight",
-                "info",
+            _passed(
+                sink,
+                "overfit_check",
                 f"overfit-one-batch passed: loss {r['initial_loss']:.3g} → {r['final_loss']:.3g}",
-                {"code": "overfit_check", **r},
-                step=0,
+                r,
             )
         else:
             t.diagnoser.emit(
@@ -239,12 +243,7 @@ def export_trained(
     model = model.to("cpu").eval()
     inputs = validation_inputs(info, val, spec.export.parity_samples, torch.device("cpu"))
     meta = {
-        "class_names": info.class_names,
-        "channels": info.channels,
-        "image_size": info.image_size,
-        "mean": info.mean,
-        "std": info.std,
-        "spec_hash": spec.spec_hash(),
+        **export_meta(info, spec.spec_hash()),
         "arch": spec.model.name,
         "versions": versions(),
         "weights": weights or {},
