@@ -9,110 +9,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from core import catalog
-from core.catalog import DATASET_NAMES, MODEL_NAMES, MONITORS
+from core.catalog import MODEL_NAMES, MONITORS
 from core.names import EXPORT_FORMATS
+from core.spec_base import Section, registered
 
-MAX_SYNTHETIC_BYTES = 4 << 30  # a synthetic set is generated in memory, as uint8 images
+# The data section (where images come from, their split, preprocessing and augmentation) is core/spec_data.py's.
+from core.spec_data import AugmentSpec, DataSpec  # noqa: F401 - part of this module's API
+
 Precision = Literal["fp32", "fp16", "bf16"]
-
-
-def _registered(kind: str, known: tuple[str, ...]) -> AfterValidator:
-    """A name from a closed registry (core/catalog.py); any other is refused with the list of known ones."""
-
-    def check(name: str) -> str:
-        if name not in known:
-            raise ValueError(catalog.unknown(kind, name, known))
-        return name
-
-    return AfterValidator(check)
-
-
-DatasetName = Annotated[str, _registered("dataset", DATASET_NAMES)]
-ModelName = Annotated[str, _registered("model", MODEL_NAMES)]
-
-
-class Section(BaseModel):
-    # extra="forbid": a misspelt key is an error, never silently ignored.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class AugmentSpec(Section):
-    """Augmentation applied to the training split only; validation never sees it."""
-
-    random_crop: bool = Field(False, description="Random crop of the original size after zero padding.")
-    crop_padding: int = Field(4, ge=0, le=64, description="Padding in pixels added before the random crop.")
-    hflip: bool = Field(
-        False, description="Random horizontal flip with probability 0.5 (off by default: digits are not symmetric)."
-    )
-    color_jitter: float = Field(
-        0.0, ge=0.0, le=1.0, description="Strength of random brightness/contrast jitter; 0 disables it."
-    )
-
-
-class DataSpec(Section):
-    """Where the images come from and how they are split and normalised."""
-
-    name: DatasetName = Field("digits", description=f"Dataset: one of {', '.join(DATASET_NAMES)}.")
-    path: str | None = Field(
-        None,
-        max_length=4096,
-        description="imagefolder: a folder or .zip with one sub-folder per class. "
-        "mnist/fashion_mnist/cifar10: the root folder holding torchvision's files "
-        "(default: $TORCHDECK_DATA or ./data).",
-    )
-    download: bool = Field(False, description="Let torchvision download mnist/fashion_mnist/cifar10 (needs internet).")
-    val_fraction: float = Field(
-        0.2, gt=0.0, lt=1.0, description="Fraction of the samples held out for validation (stratified, seeded)."
-    )
-    image_size: int | None = Field(
-        None,
-        ge=4,
-        le=1024,
-        description="Resize images to this square size; none keeps the dataset's size (imagefolder: 64).",
-    )
-    limit: int | None = Field(
-        None, ge=2, le=100_000_000, description="Use at most this many samples (quick trials); none uses all."
-    )
-    normalize: bool = Field(True, description="Normalise with mean/std computed on the training split.")
-    augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-split augmentation.")
-    # synthetic only
-    num_classes: int = Field(10, ge=2, le=1000, description="synthetic: number of classes.")
-    num_samples: int = Field(2000, ge=4, le=10_000_000, description="synthetic: number of samples.")
-    channels: Literal[1, 3] = Field(3, description="synthetic: image channels (1 grayscale, 3 RGB).")
-    size: int = Field(32, ge=4, le=512, description="synthetic: image height and width.")
-    noise: float = Field(
-        0.5, ge=0.0, le=10.0, description="synthetic: noise added to each class template (harder when larger)."
-    )
-    # imagefolder only
-    max_bad_fraction: float = Field(
-        0.05,
-        ge=0.0,
-        le=1.0,
-        description="imagefolder: unreadable images are skipped and counted; "
-        "above this fraction the dataset is refused.",
-    )
-    cache_mb: int = Field(
-        2048,
-        ge=0,
-        le=262_144,
-        description="Decode images once into memory when they fit in this many MB; larger sets decode per item.",
-    )
-
-    @model_validator(mode="after")
-    def _path_when_needed(self) -> DataSpec:
-        kind = catalog.dataset(self.name).kind
-        if kind == "folder" and not self.path:
-            raise ValueError("data.path is required for imagefolder: a folder or a .zip with one sub-folder per class")
-        size = self.num_samples * self.channels * self.size * self.size
-        if kind == "generated" and size > MAX_SYNTHETIC_BYTES:
-            raise ValueError(
-                f"data.num_samples × data.channels × data.size² is {size / 2**30:.1f} GB of images; at most "
-                f"{MAX_SYNTHETIC_BYTES / 2**30:.0f} GB: lower data.num_samples or data.size"
-            )
-        return self
+ModelName = Annotated[str, registered("model", MODEL_NAMES)]
 
 
 class ModelSpec(Section):
