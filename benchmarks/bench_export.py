@@ -34,7 +34,7 @@ from core.spec_sections import DataSpec, ModelSpec
 
 def _validation_batch(samples: int) -> tuple[torch.Tensor, dict]:
     spec = RunSpec(data=DataSpec(name="synthetic", channels=3, size=32, num_classes=10, num_samples=2000))
-    data = load_data(spec.data, seed=spec.seed)
+    data = load_data(spec.data, seed=spec.seed, model=spec.model)
     x = Preprocess(data.info, None, torch.device("cpu"))(data.val.images[:samples])
     return x, export_meta(data.info, spec.spec_hash())
 

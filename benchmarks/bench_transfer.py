@@ -144,7 +144,7 @@ def one_seed(
     run = out / f"{mode}-{seed}-{len(model)}"
     summary = run_training(spec, run, MemorySink())
     assert summary["status"] == "completed", summary
-    data = load_data(spec.data, spec.seed)  # the split and the statistics torchdeck used
+    data = load_data(spec.data, spec.seed, spec.model)  # the split and the statistics torchdeck used
     pre = Preprocess(data.info, None, torch.device("cpu"))
     td = build_model(ModelSpec(name="simple_cnn", hidden=HIDDEN), data.info.num_classes, 1, SIZE)
     td.load_state_dict(load_checkpoint(run / "checkpoints" / "last.pt")["model"])

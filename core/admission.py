@@ -26,7 +26,7 @@ from core.overrides import SpecError
 # Fields naming a file or a dataset (a folder read, a torchvision root downloaded into, a state_dict loaded).
 # data.name and data.download belong here: together with data.path they decide whether a folder is read as
 # an image folder or written into by a download (app/services/paths.py accepts an uploaded dataset as the former only).
-FILE_FIELDS = ("data.name", "data.path", "data.download", "model.weights_file")
+FILE_FIELDS = ("data.name", "data.path", "data.download", "data.test_path", "model.weights_file")
 
 
 def value_at(spec: RunSpec, dotted: str) -> Any:

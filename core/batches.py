@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from core.balanced import BalancedSampler, balanced_order
 from core.data import Split
 from core.shards import ShardSampler, shard_scale
 from core.spec_sections import LoaderSpec
@@ -28,7 +29,7 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
 class Order:
     """How a split is cut into batches (make_batches's arguments but the split and the loader): batches of
     `batch_size` in the order (seed, epoch) gives, shuffled or not, on `device`; with `world` > 1, rank `rank`'s
-    shard of every global batch."""
+    shard of every global batch; `balanced` (with `shuffle`): train.sampler=balanced's order (core/balanced.py)."""
 
     batch_size: int
     shuffle: bool
@@ -36,16 +37,22 @@ class Order:
     seed: int
     rank: int = 0
     world: int = 1
+    balanced: bool = False
 
 
 class _Batches:
     """What both kinds share: the epoch that seeds the order, and, as one rank's shard of `samples` in global
     batches of batch_size · world, how many batches every rank yields and each micro-batch's share of the loss."""
 
-    def __init__(self, samples: int, order: Order) -> None:
-        self.samples, self.epoch = samples, 0
+    def __init__(self, labels: torch.Tensor, order: Order) -> None:
+        self.samples, self.epoch, self.labels = len(labels), 0, labels
         self.batch_size, self.shuffle, self.device = order.batch_size, order.shuffle, order.device
         self.seed, self.rank, self.world = order.seed, order.rank, order.world
+        self.balanced = order.balanced and order.shuffle
+
+    def permutation(self, gen: torch.Generator) -> torch.Tensor:
+        """The epoch's order of the whole split (on the CPU): a shuffle, or the balanced sampler's draw."""
+        return balanced_order(self.labels, gen) if self.balanced else torch.randperm(self.samples, generator=gen)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -69,7 +76,7 @@ class DeviceBatches(_Batches):
 
     def __init__(self, split: Split, order: Order):
         assert isinstance(split.images, torch.Tensor)
-        super().__init__(len(split.labels), order)
+        super().__init__(split.labels, order)
         self.x = split.images.to(order.device)
         self.y = split.labels.to(order.device)
 
@@ -77,7 +84,7 @@ class DeviceBatches(_Batches):
         n = len(self.y)
         if self.world > 1:
             order = (
-                torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu")))
+                self.permutation(epoch_generator(self.seed, self.epoch, torch.device("cpu")))
                 if self.shuffle
                 else torch.arange(n)
             )
@@ -86,9 +93,7 @@ class DeviceBatches(_Batches):
                 idx = mine[k * self.batch_size : (k + 1) * self.batch_size]
                 yield self.x[idx], self.y[idx]
         elif self.shuffle:  # only the training split is shuffled
-            order = torch.randperm(n, generator=epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(
-                self.device
-            )
+            order = self.permutation(epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(self.device)
             for i in range(0, n, self.batch_size):
                 idx = order[i : i + self.batch_size]
                 yield self.x[idx], self.y[idx]
@@ -120,7 +125,7 @@ class HostBatches(_Batches):
     rank `rank`'s shard of every global batch, as DeviceBatches describes."""
 
     def __init__(self, split: Split, order: Order, loader: LoaderSpec):
-        super().__init__(len(split), order)
+        super().__init__(split.labels, order)
         self.num_workers = default_num_workers(loader, split)
         self.pin = loader.pin_memory if loader.pin_memory is not None else order.device.type == "cuda"
         self.dataset = _SplitDataset(split)
@@ -128,6 +133,8 @@ class HostBatches(_Batches):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         gen = epoch_generator(self.seed, self.epoch, torch.device("cpu"))
         shard = ShardSampler(len(self.dataset), self.rank, self.world, self.shuffle, gen) if self.world > 1 else None
+        if self.balanced:
+            shard = BalancedSampler(self.labels, self.rank, self.world, gen)
         dl = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -165,12 +172,14 @@ def make_batches(
     loader: LoaderSpec,
     rank: int = 0,
     world: int = 1,
+    balanced: bool = False,
 ):
-    """Batches of `batch_size` (per rank: rank `rank`'s shard of every global batch when `world` > 1)."""
+    """Batches of `batch_size` (per rank: rank `rank`'s shard of every global batch when `world` > 1); `balanced`
+    (a shuffled split only): every class drawn equally often (train.sampler=balanced, core/balanced.py)."""
     in_memory = isinstance(split.images, torch.Tensor)
     # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
     fits = in_memory and split.images.numel() * 4 <= loader.device_cache_mb * 2**20
-    order = Order(batch_size, shuffle, device, seed, rank, world)
+    order = Order(batch_size, shuffle, device, seed, rank, world, balanced)
     if fits and loader.num_workers in (None, 0):
         return DeviceBatches(split, order)
     return HostBatches(split, order, loader)

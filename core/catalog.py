@@ -16,7 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from core.names import TRAIN_ACC, TRAIN_EPOCH_LOSS, TRAIN_LOSS, VAL_ACC, VAL_ACC_TOP5, VAL_F1_MACRO, VAL_LOSS, is_loss
+from core.catalog_timm import TIMM_FAMILY, TIMM_NAME, TIMM_PREFIX, timm_arch, timm_entries
+from core.names import (
+    TRAIN_ACC,
+    TRAIN_EPOCH_LOSS,
+    TRAIN_LOSS,
+    VAL_ACC,
+    VAL_ACC_EMA,
+    VAL_ACC_TOP5,
+    VAL_BALANCED_ACC,
+    VAL_F1_MACRO,
+    VAL_LOSS,
+    VAL_LOSS_EMA,
+    is_loss,
+)
 
 Better = Literal["min", "max"]
 
@@ -39,9 +52,9 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 @dataclass(frozen=True)
 class Weights:
     """Pretrained weights: the library's name for them and the file its hub cache keeps them in (offline, the
-    user places that file in $TORCH_HOME/hub/checkpoints)."""
+    user places that file in $TORCH_HOME/hub/checkpoints; timm's: the Hugging Face cache, core/timm_models.py)."""
 
-    name: str  # torchvision: the member of the model's weights enum, e.g. IMAGENET1K_V1
+    name: str  # torchvision: the member of the model's weights enum, e.g. IMAGENET1K_V1; timm: <arch>.<tag>
     file: str
     preprocessing: Preprocessing
 
@@ -57,9 +70,10 @@ class Stage:
 
 @dataclass(frozen=True)
 class Footprint:
-    """A torchvision model's size for core/model_size.py (torchdeck's own models are computed from the spec):
-    parameters without the classification head, the head's input features, and the activation bytes autograd
-    keeps per input pixel (measured at 224 px, float32, three channels)."""
+    """A torchvision or timm model's size for core/model_size.py (torchdeck's own models are computed from the
+    spec): parameters without the classification head, the head's input features, and the activation bytes
+    autograd keeps per input pixel (float32, three channels; measured at 224 px for torchvision's, 112 px for
+    timm's: core/catalog_timm.py)."""
 
     backbone_parameters: int
     head_features: int
@@ -71,8 +85,8 @@ class ModelEntry:
     """One model: how to build it, its pretrained weights if any, and its stages and head by module path."""
 
     family: str  # picks the builder (core/models.py BUILDERS)
-    library: Literal["torchdeck", "torchvision"]
-    builder: str  # torchvision: get_model's name; torchdeck: the module's class in core/models.py
+    library: Literal["torchdeck", "torchvision", "timm"]
+    builder: str  # torchvision: get_model's name; torchdeck: the module's class in core/models.py; timm: its name
     stages: tuple[Stage, ...]  # bottom to top, the head excluded
     head: str  # module path of the classification head, replaced by one sized to the task
     min_size: int = 32  # smaller inputs are upsampled to this side
@@ -80,6 +94,7 @@ class ModelEntry:
     weights: Weights | None = None
     footprint: Footprint | None = None
     widths: tuple[int, ...] = ()  # simple_cnn: the two convolutions' output channels
+    label: str = ""  # the family in words, as the form groups the models (timm's: ConvNeXt-V2, ViT, …)
 
     @property
     def takes_hidden(self) -> bool:
@@ -130,6 +145,7 @@ def _tv(
 _RESNET = (Stage("stem", ("conv1", "bn1")), *_stages("layer1", "layer2", "layer3", "layer4"))
 _REGNET = _stages("stem", *(f"trunk_output.block{i}" for i in range(1, 5)))
 _SMALL_CNN = _stages("conv1", "conv2", "fc1")
+
 
 MODELS: dict[str, ModelEntry] = {
     "mlp": _own("mlp", "MLP", _stages("fc1", "fc2"), "head", min_size=1),
@@ -185,6 +201,7 @@ MODELS: dict[str, ModelEntry] = {
         (3_903_144, 440, 672),
     ),
 }
+MODELS.update(timm_entries())  # the timm models the form offers (core/catalog_timm.py), after torchvision's
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 PRETRAINED_MODELS: frozenset[str] = frozenset(n for n, m in MODELS.items() if m.weights is not None)
 HIDDEN_MODELS: frozenset[str] = frozenset(n for n, m in MODELS.items() if m.takes_hidden)
@@ -266,6 +283,11 @@ METRICS: dict[str, MetricEntry] = {
     TRAIN_ACC: MetricEntry("max", "Accuracy"),
     VAL_ACC_TOP5: MetricEntry("max", "Accuracy", monitor=False, objective=False),  # only with more than 5 classes
     VAL_F1_MACRO: MetricEntry("max", "Accuracy"),
+    # the mean of the per-class recalls (scikit-learn's balanced_accuracy_score): for unbalanced validation data
+    VAL_BALANCED_ACC: MetricEntry("max", "Accuracy"),
+    # the EMA of the weights (train.ema), drawn beside them; the monitor already counts the better of the two
+    VAL_LOSS_EMA: MetricEntry("min", "Loss", monitor=False, objective=False),
+    VAL_ACC_EMA: MetricEntry("max", "Accuracy", monitor=False, objective=False),
 }
 MONITORS: tuple[str, ...] = tuple(k for k, m in METRICS.items() if m.monitor)
 OBJECTIVES: tuple[str, ...] = tuple(k for k, m in METRICS.items() if m.objective)
@@ -307,10 +329,28 @@ def unknown(kind: str, name: str, known: tuple[str, ...]) -> str:
 
 
 def model(name: str) -> ModelEntry:
-    """The catalog entry of model `name`; ValueError listing the known ones for any other."""
+    """The catalog entry of model `name`; ValueError listing the known ones for any other. A timm model the
+    catalog does not list (`timm/<name>`) gets an entry whose stages, head, weights and size timm gives when
+    core/models.py builds it (core/timm_models.py checks the name against timm's list there)."""
     if name not in MODELS:
-        raise ValueError(unknown("model", name, MODEL_NAMES))
+        check_model_name(name)
+        return ModelEntry(TIMM_FAMILY, "timm", timm_arch(name), (), "", footprint=None)
     return MODELS[name]
+
+
+def check_model_name(name: str) -> str:
+    """A model name the schema accepts: the catalog's, or `timm/<name>` spelt as timm spells its names (whether
+    timm has it is checked where timm is installed: the worker's pre-flight and the run); else a ValueError."""
+    if name in MODELS:
+        return name
+    if name.startswith(TIMM_PREFIX):
+        if TIMM_NAME.fullmatch(timm_arch(name)):
+            return name
+        raise ValueError(
+            f"model {name!r}: a timm model is timm/<name> with <name> as timm.list_models() spells it "
+            "(lower-case letters, digits and underscores, optionally .<pretrained tag>), e.g. timm/convnextv2_atto"
+        )
+    raise ValueError(unknown("model", name, MODEL_NAMES) + f", or any timm model as {TIMM_PREFIX}<name>")
 
 
 def dataset(name: str) -> DatasetEntry:

@@ -149,3 +149,20 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], list[str] | None]
             f"{p} does not hold a state_dict (a mapping of parameter names to tensors), got {type(state).__name__}"
         )
     return state, names
+
+
+def read_data_info(path: str | Path) -> dict[str, Any] | None:
+    """The data_info a torchdeck checkpoint records (its classes, input size, mean/std and preprocessing); None
+    for any other weights file (a plain state_dict, a .safetensors) or one that cannot be read (loading the
+    weights then says why). Memory-mapped where the file allows: the tensors are not read."""
+    p = Path(path).expanduser()
+    if p.suffix == ".safetensors" or not p.is_file():
+        return None
+    for mmap in (True, False):  # mmap needs torch's zip format; an older file is read whole
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
+        except Exception:  # noqa: BLE001 - not a weights-only torch file: read_weights refuses it with the reason
+            continue
+        info = state.get("data_info") if isinstance(state, dict) else None
+        return info if isinstance(info, dict) else None
+    return None

@@ -24,7 +24,13 @@ from core.catalog import DatasetEntry
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
 from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
-from core.spec_sections import AugmentSpec, DataSpec
+from core.preprocess_ops import centre_crop, for_loader, input_size, plan_for, resize_batch, statistics
+from core.preprocess_ops import store as store_images
+from core.spec_sections import AugmentSpec, DataSpec, ModelSpec
+
+# The splits (train, validation, the held-out test split) are core/splits.py's; Split and stratified_split are
+# re-exported here.
+from core.splits import Readers, Split, limited, make_splits, stratified_split  # noqa: F401
 
 
 @dataclass
@@ -41,6 +47,11 @@ class DataInfo:
     num_val: int
     skipped: int = 0
     skipped_files: list[str] = field(default_factory=list)
+    # what the images went through: core/preprocessing.py's record (source, sizes, interpolation, mean/std)
+    preprocessing: dict = field(default_factory=dict)
+    class_counts: list[int] = field(default_factory=list)  # training samples per class, in class_names' order
+    num_test: int = 0  # the held-out test split's samples (0: none)
+    test_source: str = "none"  # where it comes from: core/splits.py's TEST_SOURCES
 
     @property
     def num_classes(self) -> int:
@@ -51,19 +62,11 @@ class DataInfo:
 
 
 @dataclass
-class Split:
-    images: torch.Tensor | LazyImages  # uint8 (N, C, H, W), or lazily decoded files
-    labels: torch.Tensor  # int64 (N,)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-@dataclass
 class DataBundle:
     info: DataInfo
     train: Split
     val: Split
+    test: Split | None = None  # the held-out test split, scored once at the end (core/test_scores.py)
 
 
 # --- sources -------------------------------------------------------------------
@@ -99,14 +102,14 @@ def _synthetic(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
     return _to_uint8(images), labels, [f"class_{i}" for i in range(spec.num_classes)], []
 
 
-def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
-    """A torchvision set's train split: torchdeck holds its own validation split out of it."""
+def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int, train: bool = True) -> Loaded:
+    """A torchvision set's train split (torchdeck holds its own validation split out of it), or its test split."""
     import torchvision
 
     root = Path(spec.path or os.environ.get("TORCHDECK_DATA", "data")).expanduser().resolve()
     cls = getattr(torchvision.datasets, entry.source)
     try:
-        ds = cls(root=str(root), train=True, download=spec.download)
+        ds = cls(root=str(root), train=train, download=spec.download)
     except (RuntimeError, OSError) as e:  # not on disk; or the download failed (offline)
         raise DataError(
             f"{spec.name} not found under {root} ({e.__class__.__name__}: {e}). Offline, put torchvision's "
@@ -123,8 +126,10 @@ def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
     )
 
 
-def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int) -> Loaded:
-    return load_imagefolder(spec.path or "", spec.image_size or entry.size, spec.max_bad_fraction, spec.cache_mb)
+def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int, **where: str | None) -> Loaded:
+    """`where`: load_imagefolder's part (a split folder) and mode, for a val/ or test/ part (core/splits.py)."""
+    size, interpolation = spec.image_size or entry.size, spec.preprocess.interpolation or "bilinear"
+    return load_imagefolder(spec.path or "", size, spec.max_bad_fraction, spec.cache_mb, interpolation, **where)
 
 
 # One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
@@ -139,97 +144,80 @@ LOADERS: dict[str, Callable[[DatasetEntry, DataSpec, int], Loaded]] = {
 # --- split, statistics, resizing -----------------------------------------------------
 
 
-def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split that keeps every class's proportion in both parts (each class ≥1 val sample when it has ≥2)."""
-    rng = np.random.default_rng(seed)
-    y = labels.numpy()
-    train_idx, val_idx = [], []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        n_val = int(round(len(idx) * val_fraction))
-        n_val = min(max(n_val, 1 if len(idx) >= 2 else 0), len(idx) - 1) if len(idx) > 1 else 0
-        val_idx.append(idx[:n_val])
-        train_idx.append(idx[n_val:])
-    return np.sort(np.concatenate(train_idx)), np.sort(np.concatenate(val_idx))
+def _readers(entry: DatasetEntry, spec: DataSpec, seed: int, fit: Callable) -> Readers:
+    """How core/splits.py reads a torchvision set's test split and an image folder's other parts: as the loader
+    read the training split (`spec`: the loader's), then `fit` (stored size, data.limit)."""
+    return Readers(
+        official=lambda: _torchvision(entry, spec, seed, train=False),
+        folder=lambda path, part, mode: _imagefolder(
+            entry, spec.model_copy(update={"path": path}), seed, part=part, mode=mode
+        ),
+        fit=fit,
+    )
 
 
-def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per-channel mean/std of uint8 images scaled to [0, 1] (unbiased std, like torch.std).
-    Sums in float64 over chunks: a whole float64 copy of CIFAR-10's train split would take ~1 GB."""
-    c = images.shape[1]
-    s, s2, n = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64), 0
-    for chunk in images.split(4096):
-        x = chunk.to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
-        s += x.sum(1)
-        s2 += (x * x).sum(1)
-        n += x.shape[1]
-    mean = s / n
-    var = ((s2 - n * mean * mean) / max(1, n - 1)).clamp_min(0.0)
-    std = var.sqrt().clamp_min(1e-6)
-    return [float(v) for v in mean], [float(v) for v in std]
-
-
-def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
-    if images.shape[-1] == size and images.shape[-2] == size:
-        return images
-    out = []
-    for chunk in images.split(1024):
-        f = F.interpolate(chunk.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-        out.append(f.round().clamp(0, 255).to(torch.uint8))
-    return torch.cat(out)
-
-
-def _subset(images: torch.Tensor | LazyImages, labels: torch.Tensor, idx: np.ndarray) -> Split:
-    t = torch.as_tensor(idx, dtype=torch.int64)
-    return Split(images[t] if isinstance(images, torch.Tensor) else images.subset(idx), labels[t])
-
-
-def load_data(spec: DataSpec, seed: int) -> DataBundle:
-    """Load, (optionally) limit, split and measure a registered dataset."""
+def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None) -> DataBundle:
+    """Load, (optionally) limit, split and measure a registered dataset, preprocessed for `model` (the weights it
+    starts from decide the defaults: core/preprocessing.py)."""
     entry = catalog.dataset(spec.name)
-    images, labels, classes, skipped = LOADERS[entry.kind](entry, spec, seed)
-    if isinstance(images, torch.Tensor) and spec.image_size:
-        images = resize_uint8(images, spec.image_size)
-    if spec.limit and spec.limit < len(labels):
-        keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[: spec.limit])
-        sub = _subset(images, labels, keep)
-        images, labels = sub.images, sub.labels
-    tr, va = stratified_split(labels, spec.val_fraction, seed)
-    if len(va) == 0 or len(tr) == 0:
-        raise DataError(
-            f"{spec.name}: {len(labels)} samples are too few to split with val_fraction={spec.val_fraction}"
-        )
-    train, val = _subset(images, labels, tr), _subset(images, labels, va)
+    plan = plan_for(spec, model)
+    size = input_size(plan, entry, spec)
+    loader_spec = for_loader(spec, plan, size)
+    images, labels, classes, skipped = LOADERS[entry.kind](entry, loader_spec, seed)
+
+    def fit(im, y):  # stored at the model's side, then data.limit: the loaded samples and a part read elsewhere
+        return limited(store_images(im, plan, size, spec.cache_mb), y, spec.limit, seed)
+
+    images, labels = fit(images, labels)
+    parts = make_splits(entry, spec, seed, (images, labels, classes), _readers(entry, loader_spec, seed, fit))
+    train, val, skipped = parts.train, parts.val, [*skipped, *parts.skipped]
     stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
-    mean, std = channel_stats(stats_src) if spec.normalize else ([0.0] * stats_src.shape[1], [1.0] * stats_src.shape[1])
+    mean, std, preprocessing = statistics(plan, stats_src, size)
     info = DataInfo(
         name=spec.name,
         class_names=classes,
         channels=int(stats_src.shape[1]),
-        image_size=int(stats_src.shape[-1]),
+        image_size=size,
         mean=mean,
         std=std,
         num_train=len(train),
         num_val=len(val),
         skipped=len(skipped),
         skipped_files=skipped[:20],
+        preprocessing=preprocessing,
+        class_counts=torch.bincount(train.labels, minlength=len(classes)).tolist(),
+        num_test=len(parts.test or ()),
+        test_source=parts.test_source,
     )
-    return DataBundle(info, train, val)
+    return DataBundle(info, train, val, parts.test)
 
 
 # --- batched preprocessing on the device ------------------------------------------------
 
 
 class Preprocess:
-    """uint8 batch → float, augmented (train only) and normalised, all on the device."""
+    """uint8 batch → float at the stored side, cropped to the input side (evaluation: the centre crop; training:
+    the augmentation's crop) and normalised, all on the device."""
 
     def __init__(self, info: DataInfo, augment: AugmentSpec | None, device: torch.device):
         self.mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
         self.augment = augment
+        self.size = info.image_size
+        # a run from before the preprocessing was recorded stored its images at the input side
+        self.stored = int(info.preprocessing.get("resize", info.image_size))
+        self.interpolation = str(info.preprocessing.get("interpolation", "bilinear"))
+
+    def output_numel(self, x: torch.Tensor) -> int:
+        """Elements of this batch once preprocessed (for memory budgets)."""
+        return x.shape[0] * x.shape[1] * self.size * self.size
 
     def __call__(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
         x = x.float().div_(255.0)
+        if tuple(x.shape[-2:]) != (self.stored, self.stored):  # a set kept at its own side (core.preprocess_ops)
+            x = resize_batch(x, self.stored, self.interpolation)
         if self.augment is not None and gen is not None:
-            x = augment_batch(x, self.augment, gen)
+            x = augment_batch(x, self.augment, gen, self.size)
+        else:
+            x = centre_crop(x, self.size).contiguous()
         return x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy

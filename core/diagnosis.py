@@ -27,6 +27,10 @@ ADVICE = {
     "cache the dataset on the device (loader.device_cache_mb), pre-resize images, avoid per-step host↔device copies.",
     "out_of_memory": "The device ran out of memory: lower train.batch_size (use train.accumulate to keep the "
     "effective batch), enable mixed precision (bf16/fp16), or model.gradient_checkpointing.",
+    "class_imbalance": "Some classes have far fewer training samples than others: weight the loss "
+    "(train.class_weights=inverse_frequency, or sqrt_inverse_frequency for a milder correction) or draw classes "
+    "evenly (train.sampler=balanced), and judge the run by val/balanced_acc or val/f1_macro (as early stopping's "
+    "monitor and a sweep's objective): val/acc rewards a model that neglects the rare classes.",
     "overfit_check_failed": "The model could not overfit a single batch: the model, the loss or the labels are broken "
     "(check the sample grid and the output shape) or the learning rate is far off.",
 }

@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from core.batches import epoch_generator
+from core.criterion import build_criterion
 from core.evaluation import end_epoch
 from core.insight import emit_histograms, log_histograms
+from core.mixing import epoch_mixer
 from core.names import GRAD_NORM, GRAD_NORM_PREFIX, LR, TRAIN_EPOCH_LOSS, TRAIN_LOSS, update_ratio_key
 from core.optim import apply_transfer, set_train_mode, trained_stages
 from core.tally import Tally
@@ -86,23 +88,26 @@ def train_one_epoch(t: Trainer, epoch: int) -> dict[str, float]:
     gen = epoch_generator(t.spec.seed + 1 + 7_919 * t.ranks.rank, epoch, t.device) if t.pre_train.augment else None
     params = [p for p in t.model.parameters() if p.requires_grad]
     n_micro = min(len(t.train_batches), (spec.steps_per_epoch or 10**12) * spec.accumulate)
-    crit = nn.CrossEntropyLoss(label_smoothing=spec.label_smoothing)
+    crit = build_criterion(spec, t.data.info.class_counts, t.device)  # label smoothing, class weights
+    mixer = epoch_mixer(spec.mix, t.data.info.num_classes, t.spec.seed, epoch)  # train.mix, None when off
     tally, it = Tally(t.device, t.ranks), iter(t.train_batches)
     for i in range(n_micro):
         t0 = time.perf_counter()
         x, y = next(it)
         waited = time.perf_counter() - t0
         x = prepare(t.pre_train, x, gen)
+        # mixup / cutmix: probability targets, and the label each leans to for train/acc (core/mixing.py)
+        x, target, y_acc = mixer(x, y) if mixer is not None else (x, y, y)
         final = (i + 1) % spec.accumulate == 0 or i + 1 == n_micro
         with t.ranks.sync(final):  # several ranks: gradients are all-reduced on the final micro-step only
             with t.amp.autocast():
                 logits = t.forward(x)
             # cross-entropy on raw logits; a rank's empty share of a last batch still joins the all-reduce
-            loss = crit(logits.float(), y) if len(y) else logits.float().sum() * 0.0
+            loss = crit(logits.float(), target) if len(y) else logits.float().sum() * 0.0
             scale = t.train_batches.loss_scale(i, len(y))
             share = loss if scale == 1.0 else loss * scale
             t.amp.backward(share / spec.accumulate)  # the mean over the accumulated batch
-        tally.add(loss, logits, y, waited, share)
+        tally.add(loss, logits, y_acc, waited, share)
         if final:
             optimizer_step(t, params, tally, epoch)
             if t.control.should_stop():
@@ -126,6 +131,8 @@ def optimizer_step(t: Trainer, params: list[nn.Parameter], tally: Tally, epoch: 
         after_step=probe and probe.after_step,
     )
     t.schedule.step_batch()
+    if t.ema is not None:  # the moving average follows every step (core/ema.py)
+        t.ema.update(t.model)
     t.global_step = step
     if log or diag:
         values = {**tally.window(), LR: t.optimizer.param_groups[-1]["lr"]}

@@ -11,6 +11,7 @@ from torch import nn
 
 from core import catalog
 from core.checkpoint import rng_state, save_checkpoint
+from core.ema import evaluate_ema, export_weights, pick
 from core.insight import Mistakes, confusion_scores, store_gallery, top_confusions
 from core.names import (
     CHECKPOINT_FILES,
@@ -22,11 +23,12 @@ from core.names import (
     PEAK_MEMORY,
     VAL_ACC,
     VAL_ACC_TOP5,
+    VAL_BALANCED_ACC,
     VAL_F1_MACRO,
     VAL_LOSS,
     class_acc_key,
 )
-from core.scores import macro_f1
+from core.scores import balanced_accuracy, macro_f1
 from core.trainer import Trainer, prepare
 
 
@@ -64,6 +66,7 @@ def evaluate(t: Trainer, mistakes: Mistakes | None = None) -> tuple[dict[str, fl
         VAL_LOSS: (loss_sum / max(n, 1)).item(),
         VAL_ACC: float(cm.diag().sum()) / max(n, 1),
         VAL_F1_MACRO: macro_f1(cm.diag().tolist(), cm.sum(1).tolist(), cm.sum(0).tolist()),
+        VAL_BALANCED_ACC: balanced_accuracy(cm.diag().tolist(), cm.sum(1).tolist()),
     }
     if c > 5:
         m[VAL_ACC_TOP5] = top5.item() / max(n, 1)
@@ -93,6 +96,7 @@ def _checkpoint_payload(t: Trainer, epoch: int) -> dict[str, Any]:
         "history": t.history,
         "diagnoser": {"emitted": sorted(t.diagnoser.emitted)},
         "ref_loss": t.ref_loss,
+        **({"ema": t.ema.state_dict()} if t.ema is not None else {}),
         **t.ranks.rng_extra(),
     }
 
@@ -101,9 +105,11 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     """Validate, log, checkpoint, decide. Returns a final status when training must end."""
     mistakes = Mistakes(t.device)
     val_m, cm = evaluate(t, mistakes)
+    ema_m, ema_eval = evaluate_ema(t, evaluate)  # the EMA of the weights (train.ema), when kept
     m = {
         **train_m,
         **val_m,
+        **ema_m,
         EPOCH_TIME: seconds,
         LR_EPOCH: t.optimizer.param_groups[-1]["lr"],
         PEAK_MEMORY: _peak_memory_mb(t.device),
@@ -127,11 +133,12 @@ def end_epoch(t: Trainer, epoch: int, train_m: dict[str, float], seconds: float)
     t.history.append({k: v for k, v in m.items() if not k.startswith(CLASS_ACC_PREFIX)})
     t.diagnoser.epoch(epoch, m, t.global_step)
     monitor = t.spec.train.early_stopping.monitor
-    value = m[catalog.stored_key(monitor)]  # train/loss per epoch is train/epoch_loss
+    trained = m[catalog.stored_key(monitor)]  # train/loss per epoch is train/epoch_loss
+    value, (mistakes, cm) = pick(t, trained, ema_m, (mistakes, cm), ema_eval)  # the EMA's when it scores better
     best = t.early.update(value, epoch)
     if best and t.ranks.is_main:  # the epoch the best checkpoint holds: its most confident mistakes
         store_gallery(t.sink, t.data.val, names, mistakes, cm, epoch, t.out_dir)
-    t.schedule.step_epoch(value)
+    t.schedule.step_epoch(trained)  # plateau follows the weights being trained, not an EMA that hides their stall
     t.epoch = epoch
     _save_checkpoints(t, epoch, best)
     if t.early.should_stop:
@@ -186,6 +193,8 @@ def _save_checkpoints(t: Trainer, epoch: int, best: bool) -> None:
     if flush is not None:
         flush()
     if ck.save_best and best:
-        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["best"], payload)
+        # best.pt holds the weights that epoch counts for: the EMA's when they scored better (core/ema.py)
+        best_payload = {**payload, "model": export_weights(payload)}
+        save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["best"], best_payload)
     if ck.save_last:
         save_checkpoint(t.out_dir / "checkpoints" / CHECKPOINT_FILES["last"], payload)

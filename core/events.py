@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from core.names import json_safe
+from core.names import TEST_EVENT, json_safe
 
 
 @runtime_checkable
@@ -196,7 +196,7 @@ class PrintSink:
             )
 
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
-        if level != "info" or kind in ("lifecycle", "preflight"):
+        if level != "info" or kind in ("lifecycle", "preflight", TEST_EVENT):
             print(f"[{level}] {message}", flush=True)
             if data and data.get("advice"):
                 print(f"        advice: {data['advice']}", flush=True)

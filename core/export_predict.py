@@ -1,8 +1,9 @@
 """Classify images with the exported ONNX model: python predict.py IMAGE [IMAGE ...]
 
 Shipped as predict.py in torchdeck's bundle.zip. Needs only numpy, Pillow and onnxruntime.
-The preprocessing (channels, size, mean/std) is read from the ONNX file's metadata, so the
-model file alone is enough; export.json beside it is the fallback for files without metadata.
+The preprocessing (channels, the shorter side's resize and its interpolation, the centre crop's size,
+mean/std) is read from the ONNX file's metadata, so the model file alone is enough; export.json beside it
+is the fallback for files without metadata.
 Prints "<class> <probability>" per image (prefixed with the file name when there are several).
 """
 
@@ -27,25 +28,49 @@ def load_model(model_path: Path):  # -> (onnxruntime.InferenceSession, dict)
             "image_size": int(props["image_size"]),
             "mean": json.loads(props["mean"]),
             "std": json.loads(props["std"]),
+            "resize": int(props.get("resize", props["image_size"])),
+            "interpolation": props.get("interpolation", "bilinear"),
         }
     else:  # an ONNX file whose metadata was stripped: use the export report shipped beside it
         report = json.loads((model_path.parent / "export.json").read_text())
+        inp = report["input"]
         meta = {
             "class_names": report["class_names"],
-            **{k: report["input"][k] for k in ("channels", "image_size", "mean", "std")},
+            **{k: inp[k] for k in ("channels", "image_size", "mean", "std")},
+            "resize": int(inp.get("resize", inp["image_size"])),
+            "interpolation": inp.get("interpolation", "bilinear"),
         }
     return session, meta
 
 
+def _centre(img, size: int):
+    """The centred size × size square (offsets rounded as torchvision's center_crop)."""
+    w, h = img.size
+    left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
+    return img.crop((left, top, left + size, top + size))
+
+
+def resize_and_crop(img, resize: int, size: int, interpolation: str):
+    """The training preprocessing's geometry: the shorter side resized to `resize` (aspect kept, the longer side
+    truncated as torchvision's Resize), the centred resize × resize square, then its centred size × size crop."""
+    from PIL import Image
+
+    w, h = img.size
+    if (w, h) != (resize, resize):
+        nw, nh = (resize, max(resize, int(resize * h / w))) if w <= h else (max(resize, int(resize * w / h)), resize)
+        img = _centre(img.resize((nw, nh), getattr(Image.Resampling, interpolation.upper())), resize)
+    return _centre(img, size) if size != resize else img
+
+
 def preprocess(image_path: Path, meta: dict) -> np.ndarray:
-    """The training preprocessing: channels and size as recorded, pixel/255, (x - mean) / std, NCHW."""
+    """The training preprocessing: channels as recorded, shorter-side resize and centre crop, pixel/255,
+    (x - mean) / std, NCHW."""
     from PIL import Image
 
     size = meta["image_size"]
     with Image.open(image_path) as img:
         img = img.convert("L" if meta["channels"] == 1 else "RGB")
-        if img.size != (size, size):
-            img = img.resize((size, size), Image.BILINEAR)
+        img = resize_and_crop(img, meta.get("resize", size), size, meta.get("interpolation", "bilinear"))
         x = np.asarray(img, dtype=np.float32) / 255.0
     x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)  # HW or HWC → CHW
     mean = np.asarray(meta["mean"], dtype=np.float32)[:, None, None]

@@ -45,10 +45,13 @@ def embedded(report: dict[str, Any]) -> dict[str, str]:
         "mean": inp["mean"],
         "std": inp["std"],
         "versions": report["versions"],
+        "preprocessing": inp.get("preprocessing", {}),
     }
     as_text = {
         "channels": inp["channels"],
         "image_size": inp["image_size"],
+        "resize": inp.get("resize", inp["image_size"]),
+        "interpolation": inp.get("interpolation", "bilinear"),
         "preprocess": inp["preprocess"],
         "spec_hash": report["spec_hash"] or "",
         "arch": report["arch"] or "",
@@ -58,8 +61,16 @@ def embedded(report: dict[str, Any]) -> dict[str, str]:
 
 def export_meta(info: DataInfo, spec_hash: str) -> dict[str, Any]:
     """export_model's `meta` for a model trained on data `info` with the run spec of this hash: what an image is
-    preprocessed with (META_KEYS, the data's own) and the spec it comes from. The caller adds the model's arch."""
-    return {**{key: getattr(info, key) for key in META_KEYS}, "spec_hash": spec_hash}
+    preprocessed with (META_KEYS, the data's own; the resize before the centre crop, its interpolation and the
+    record of whose preprocessing it is) and the spec it comes from. The caller adds the model's arch."""
+    pre = info.preprocessing or {}
+    return {
+        **{key: getattr(info, key) for key in META_KEYS},
+        "resize": int(pre.get("resize", info.image_size)),
+        "interpolation": str(pre.get("interpolation", "bilinear")),
+        "preprocessing": dict(pre),
+        "spec_hash": spec_hash,
+    }
 
 
 def check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -> None:
@@ -79,6 +90,7 @@ def check_args(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any]) -
 
 def report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], atol: float) -> dict[str, Any]:
     c, s = int(meta["channels"]), int(meta["image_size"])
+    resize, interpolation = int(meta.get("resize", s)), str(meta.get("interpolation", "bilinear"))
     return {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "arch": meta.get("arch"),
@@ -93,8 +105,11 @@ def report_head(inputs: torch.Tensor, formats: list[str], meta: dict[str, Any], 
             "image_size": s,
             "mean": list(meta["mean"]),
             "std": list(meta["std"]),
-            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, resize to {s}x{s} bilinear, "
-            "x = (pixel/255 - mean) / std per channel, NCHW float32",
+            "resize": resize,
+            "interpolation": interpolation,
+            "preprocessing": dict(meta.get("preprocessing") or {}),  # whose it is (the weights', the dataset's)
+            "preprocess": f"{'grayscale (L)' if c == 1 else 'RGB'}, shorter side resized to {resize} {interpolation}, "
+            f"centre crop {resize}x{resize} then {s}x{s}, x = (pixel/255 - mean) / std per channel, NCHW float32",
         },
         "output": {
             "name": OUTPUT_NAME,

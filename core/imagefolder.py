@@ -86,7 +86,19 @@ def too_many_pixels(e: Exception) -> str:
     return f"{int(found[1]):,} pixels" if found else "too many pixels"
 
 
-def _decode(data: bytes, mode: str, size: int) -> np.ndarray:
+def shorter_side(w: int, h: int, size: int) -> tuple[int, int]:
+    """(w, h) scaled so that the shorter side is `size`, the longer one truncated as torchvision's Resize does."""
+    return (size, max(size, int(size * h / w))) if w <= h else (max(size, int(size * w / h)), size)
+
+
+def centre_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
+    """PIL's crop box of the centred size × size square, offsets rounded as torchvision's center_crop does."""
+    left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
+    return left, top, left + size, top + size
+
+
+def _decode(data: bytes, mode: str, size: int, interpolation: str = "bilinear") -> np.ndarray:
+    """An image file as uint8 (C, size, size): its shorter side resized to `size` (aspect kept), centre-cropped."""
     from PIL import Image
 
     try:
@@ -106,7 +118,10 @@ def _decode(data: bytes, mode: str, size: int) -> np.ndarray:
             im = Image.alpha_composite(bg, im)
         elif im.mode.startswith("I") or im.mode == "F":
             im = _to_8bit(im)
-        im = im.convert(mode).resize((size, size), Image.BILINEAR)
+        im = im.convert(mode)
+        if im.size != (size, size):
+            w, h = shorter_side(*im.size, size)
+            im = im.resize((w, h), getattr(Image.Resampling, interpolation.upper())).crop(centre_box(w, h, size))
         arr = np.array(im, dtype=np.uint8)  # a writable copy: torch refuses to share read-only buffers safely
     return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))
 
@@ -114,18 +129,19 @@ def _decode(data: bytes, mode: str, size: int) -> np.ndarray:
 class LazyImages:
     """Images decoded per item (large folders); indexable like a uint8 (N, C, H, W) tensor."""
 
-    def __init__(self, source: _Source, files: list[str], mode: str, size: int):
+    def __init__(self, source: _Source, files: list[str], mode: str, size: int, interpolation: str = "bilinear"):
         self.source, self.files, self.mode, self.size = source, files, mode, size
+        self.interpolation = interpolation
         self.shape = (len(files), 1 if mode == "L" else 3, size, size)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(_decode(self.source.read(self.files[int(i)]), self.mode, self.size))
+        return torch.from_numpy(_decode(self.source.read(self.files[int(i)]), self.mode, self.size, self.interpolation))
 
     def subset(self, idx: np.ndarray) -> LazyImages:
-        return LazyImages(self.source, [self.files[i] for i in idx], self.mode, self.size)
+        return LazyImages(self.source, [self.files[i] for i in idx], self.mode, self.size, self.interpolation)
 
     def sample_tensor(self, n: int, seed: int) -> torch.Tensor:
         idx = np.random.default_rng(seed).permutation(len(self))[:n]
@@ -150,9 +166,45 @@ def _unwrap(entries: list[Entry]) -> list[Entry]:
         entries = [(n, p[1:], d) for n, p, d in entries if p[0] == top and len(p) > 1]
 
 
-def _class_files(source: _Source, label: str) -> dict[str, list[str]]:
+SPLIT_FOLDERS = ("train", "val", "test")  # <root>/train/<class>/…, optional <root>/val/…, <root>/test/…
+
+
+def _split_layout(entries: list[Entry]) -> tuple[str, ...]:
+    """The split folders of a train/ [val/] test/ layout, in SPLIT_FOLDERS' order; () for one folder of classes.
+    Only when every top-level folder is a split's, train/ among them, and train/ holds class folders of images."""
+    tops = {p[0] for _, p, d in entries if d or len(p) > 1}
+    nested = any(len(p) >= 3 and p[0] == "train" and not d for _, p, d in entries)
+    if "train" not in tops or not tops <= set(SPLIT_FOLDERS) or not nested:
+        return ()
+    return tuple(s for s in SPLIT_FOLDERS if s in tops)
+
+
+def _in_part(entries: list[Entry], part: str | None, label: str) -> list[Entry]:
+    """The entries of split folder `part` (train when None) of a split layout, as if it were the root;
+    a folder of classes is its own train part and has no other."""
+    parts = _split_layout(entries)
+    if not parts:
+        if part not in (None, "train"):
+            raise DataError(f"{label} has no {part}/ folder (a split layout: <root>/train/<class>/…, <root>/{part}/…)")
+        return entries
+    part = part or "train"
+    if part not in parts:
+        raise DataError(f"{label} has no {part}/ folder beside {', '.join(p + '/' for p in parts)}")
+    return [(n, p[1:], d) for n, p, d in entries if p[0] == part and len(p) > 1]
+
+
+def _entries(source: _Source) -> list[Entry]:
     entries = [(n, PurePosixPath(n).parts, n.endswith("/")) for n in source.names()]
-    entries = _unwrap([e for e in entries if e[1] and not _is_hidden(e[1])])
+    return _unwrap([e for e in entries if e[1] and not _is_hidden(e[1])])
+
+
+def folder_parts(path: str) -> tuple[str, ...]:
+    """The split folders (train, val, test) of an image folder or zip laid out that way; () for one of classes."""
+    return _split_layout(_entries(_open(path)))
+
+
+def _class_files(source: _Source, label: str, part: str | None = None) -> dict[str, list[str]]:
+    entries = _in_part(_entries(source), part, label)
     classes: dict[str, list[str]] = {}
     for name, p, is_dir in entries:
         if len(p) < 2 and not is_dir:
@@ -197,20 +249,30 @@ def _choose_mode(source: _Source, files: list[str]) -> str:
     return "L"
 
 
-def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: int):
+def load_imagefolder(
+    path: str,
+    size: int,
+    max_bad_fraction: float,
+    cache_mb: int,
+    interpolation: str = "bilinear",
+    *,
+    part: str | None = None,
+    mode: str | None = None,
+):
     """Return (images, labels, class_names, skipped_files). images is a uint8 tensor when it fits
-    in `cache_mb`, else a LazyImages that decodes per item (unreadable files already removed)."""
+    in `cache_mb`, else a LazyImages that decodes per item (unreadable files already removed). A folder laid out
+    as train/ [val/] test/ is read from `part` (train when None); `mode` (L or RGB) imposes the training split's."""
     source = _open(path)
-    classes = _class_files(source, path)
+    classes = _class_files(source, path if part is None else f"{path} ({part}/)", part)
     files = [f for c in classes for f in classes[c]]
     labels_all = [i for i, c in enumerate(classes) for _ in classes[c]]
-    mode = _choose_mode(source, files)
+    mode = mode or _choose_mode(source, files)
     channels = 1 if mode == "L" else 3
     eager = len(files) * channels * size * size <= cache_mb * 2**20
     decoded, good, labels, skipped = [], [], [], []
     for f, y in zip(files, labels_all, strict=True):
         try:
-            arr = _decode(source.read(f), mode, size)  # every file is decoded once: corrupt ones are found now
+            arr = _decode(source.read(f), mode, size, interpolation)  # each file decoded once: corrupt ones found now
         except ImageTooLarge as e:
             skipped.append(f"{f} ({e})")
             continue
@@ -233,5 +295,5 @@ def load_imagefolder(path: str, size: int, max_bad_fraction: float, cache_mb: in
             f"{path}: every image of class(es) {', '.join(lost)} is unreadable, e.g. {', '.join(skipped[:5])}"
         )
     y = torch.as_tensor(labels, dtype=torch.int64)
-    images = torch.from_numpy(np.stack(decoded)) if eager else LazyImages(source, good, mode, size)
+    images = torch.from_numpy(np.stack(decoded)) if eager else LazyImages(source, good, mode, size, interpolation)
     return images, y, list(classes), skipped

@@ -5,8 +5,9 @@ Torch-free: the schema (core/config.py) refuses, at validation, a spec whose mod
 compares the same estimate with the memory of the host or GPU before anything is allocated.
 
 - Parameters are exact for the catalog's models (core/catalog.py; a test checks each against torch): the
-  small models' layers are written out here, family by family; a torchvision model is its backbone (the
-  catalog's footprint) plus a head sized to the task. Only an image folder's number of classes is unknown
+  small models' layers are written out here, family by family; a torchvision or listed timm model is its backbone
+  (the catalog's footprint) plus a head sized to the task; any other timm model is measured by the pre-flight
+  (core.timm_models.footprint), the schema cannot refuse it. Only an image folder's number of classes is unknown
   before it is read: FOLDER_CLASSES is assumed (the head is a small part of any model).
 - Training keeps the weights, a gradient of each trainable one, the optimizer's state (Adam: two values a
   weight; SGD with momentum, RMSprop: one each), and the activations of a batch for the backward pass. Those
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core import catalog
+from core import catalog, preprocessing
 
 MAX_PARAMETERS = 2_000_000_000  # 7.5 GiB of float32 weights: 80 times the largest registered torchvision model
 MAX_TRAINING_BYTES = 1 << 40  # 1 TiB a process: more than any accelerator, and most hosts, hold
@@ -58,17 +59,33 @@ def task_of(spec: Any) -> Task:
         channels, size, classes = data.channels, data.size, data.num_classes
     else:  # the catalog gives every other kind's shape; a folder's classes are unknown until it is read
         channels, size, classes = entry.channels, entry.size, entry.classes or FOLDER_CLASSES
-    field = "data.image_size" if data.image_size or entry.kind != "generated" else "data.size"
-    return Task(channels, data.image_size or size, classes, field)
+    # pretrained weights bring their input size (core/preprocessing.py); a checkpoint's is known once it is read
+    weights = None if data.image_size or data.preprocess.source == "dataset" else preprocessing.of_weights(spec.model)
+    field = "data.image_size" if data.image_size or weights or entry.kind != "generated" else "data.size"
+    return Task(channels, data.image_size or (weights.image_size if weights else size), classes, field)
 
 
-def parameters(name: str, hidden: int, task: Task) -> int:
-    """The model's parameter count (core.models.build_model's, exactly)."""
+def sized(name: str) -> bool:
+    """Whether the spec alone sizes the model: all but a timm model the catalog does not list, whose size
+    core.timm_models.footprint measures where timm is installed (the pre-flight passes it as `footprint`)."""
     m = catalog.model(name)
+    return m.footprint is not None or m.library != "timm"
+
+
+def _footprint(name: str, given: catalog.Footprint | None) -> catalog.Footprint | None:
+    if not sized(name) and given is None:
+        raise ValueError(f"{name}'s size is unknown until timm builds it: pass its measured footprint")
+    return given or catalog.model(name).footprint
+
+
+def parameters(name: str, hidden: int, task: Task, footprint: catalog.Footprint | None = None) -> int:
+    """The model's parameter count (core.models.build_model's, exactly; a timm model's the catalog does not list:
+    from its measured `footprint`)."""
+    m, fp = catalog.model(name), _footprint(name, footprint)
     c, k, h = task.channels, task.classes, hidden
     s = max(task.size, m.min_size)
-    if m.footprint is not None:
-        return m.footprint.backbone_parameters + (m.footprint.head_features + 1) * k
+    if fp is not None:
+        return fp.backbone_parameters + (fp.head_features + 1) * k
     if m.family == "mlp":
         return (c * s * s + 1) * h + (h + 1) * h + (h + 1) * k
     c1, c2 = m.widths  # simple_cnn
@@ -76,20 +93,20 @@ def parameters(name: str, hidden: int, task: Task) -> int:
     return (c * 9 + 1) * c1 + (c1 * 9 + 1) * c2 + (c2 * side * side + 1) * h + (h + 1) * k
 
 
-def activations_per_sample(name: str, hidden: int, task: Task) -> int:
+def activations_per_sample(name: str, hidden: int, task: Task, footprint: catalog.Footprint | None = None) -> int:
     """Bytes kept for the backward pass per sample (float32, no checkpointing)."""
-    m = catalog.model(name)
+    m, fp = catalog.model(name), _footprint(name, footprint)
     s = max(task.size, m.min_size)
-    if m.footprint is not None:
-        return m.footprint.activation_bytes_per_pixel * s * s
+    if fp is not None:
+        return fp.activation_bytes_per_pixel * s * s
     if m.family == "mlp":
         return FLOAT * (task.channels * s * s + 6 * hidden)
     c1, c2 = m.widths  # simple_cnn: input; conv1's output, pool indices (int64) and output; conv2's, pool's; fc1's
     return s * s * (16 * task.channels + 28 * c1 + 7 * c2) // 4 + FLOAT * 3 * hidden
 
 
-def _trainable(spec: Any, total: int, task: Task) -> int:
-    footprint = catalog.model(spec.model.name).footprint
+def _trainable(spec: Any, total: int, task: Task, footprint: catalog.Footprint | None) -> int:
+    footprint = _footprint(spec.model.name, footprint)
     if spec.model.transfer != "feature_extract" or footprint is None:
         return total  # finetune_last_n: counted whole (an upper bound)
     return (footprint.head_features + 1) * task.classes
@@ -102,16 +119,17 @@ def _optimizer_states(optim: Any) -> int:
     return with_momentum + (1 if optim.name == "rmsprop" else 0)  # rmsprop: its square average
 
 
-def estimate(spec: Any) -> Estimate:
-    """What training this spec's model takes, per process (a run of resources.gpus processes splits the batch)."""
+def estimate(spec: Any, footprint: catalog.Footprint | None = None) -> Estimate:
+    """What training this spec's model takes, per process (a run of resources.gpus processes splits the batch);
+    `footprint`: the measured one of a model the spec alone does not size (see `sized`)."""
     task = task_of(spec)
     name, hidden = spec.model.name, spec.model.hidden
-    total = parameters(name, hidden, task)
-    trainable = _trainable(spec, total, task)
+    total = parameters(name, hidden, task, footprint)
+    trainable = _trainable(spec, total, task, footprint)
     gradients = trainable * (2 if spec.resources.gpus > 1 else 1)  # DDP keeps its buckets besides the gradients
     state = FLOAT * (total + gradients + trainable * _optimizer_states(spec.optim))
     batch = max(1, spec.train.batch_size // spec.resources.gpus)
-    per_sample = activations_per_sample(name, hidden, task)
+    per_sample = activations_per_sample(name, hidden, task, footprint)
     if spec.train.precision != "fp32":
         per_sample //= 2
     if spec.model.gradient_checkpointing:
@@ -130,7 +148,10 @@ def gib(n: float) -> str:
 
 
 def refusal(spec: Any) -> str | None:
-    """Why no machine can train this spec's model (naming the fields to change), or None."""
+    """Why no machine can train this spec's model (naming the fields to change), or None (also for a model the
+    spec alone does not size: the pre-flight measures it)."""
+    if not sized(spec.model.name):
+        return None
     e, task, m = estimate(spec), task_of(spec), spec.model
     set_by_spec = spec.data.image_size or catalog.dataset(spec.data.name).kind == "generated"
     size = f"{task.size_field}={task.size}" if set_by_spec else f"{spec.data.name}'s {task.size}×{task.size} images"

@@ -22,6 +22,7 @@ from core import catalog
 from core.catalog import ModelEntry, Stage
 from core.checkpoint import read_weights
 from core.spec_sections import ModelSpec
+from core.timm_models import timm_net, timm_stages
 
 
 class SimpleCNN(nn.Module):
@@ -263,6 +264,10 @@ BUILDERS: dict[str, Builder] = {
     "mlp": _mlp,
     "simple_cnn": _simple_cnn,
     **dict.fromkeys(("resnet", "regnet", "mobilenet", "efficientnet", "convnext"), _torchvision_net),
+    # timm's: the families the catalog lists and any other timm model (core/timm_models.py)
+    **dict.fromkeys(
+        {m.family for m in catalog.MODELS.values() if m.library == "timm"} | {catalog.TIMM_FAMILY}, timm_net
+    ),
 }
 
 
@@ -274,16 +279,17 @@ def build_model(
     in `model.weights_report`, and whether the file's head was used (see head_plan: `class_names`
     are the task's) in `model.head_report`."""
     entry = catalog.model(spec.name)
-    if spec.pretrained and entry.weights is None:
+    if spec.pretrained and entry.weights is None and entry.family != catalog.TIMM_FAMILY:  # timm knows its own
         raise ValueError(f"model {spec.name} has no pretrained weights; use model.weights_file or pretrained=false")
     channels = entry.input_channels or in_channels
     adapter = InputAdapter(in_channels, channels, image_size, entry.min_size)
     net, head_path = BUILDERS[entry.family](entry, spec, num_classes, channels, max(image_size, entry.min_size))
-    model = Classifier(spec.name, adapter, net, entry.stages, head_path)
+    stages = entry.stages or timm_stages(net, head_path)  # a timm model the catalog does not list: timm's
+    model = Classifier(spec.name, adapter, net, stages, head_path)
     if spec.weights_file:
         model.weights_report = load_weights_file(model, spec.weights_file, spec, class_names)
     if spec.gradient_checkpointing:
-        for stage in entry.stages:
+        for stage in stages:
             if len(stage.modules) == 1:  # a stage of several modules (resnet's stem) has no one forward to wrap
                 _replace(model.net, stage.modules[0], _Checkpointed(model.net.get_submodule(stage.modules[0])))
     return model

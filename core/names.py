@@ -128,11 +128,20 @@ MISCLASSIFIED, MAX_MISCLASSIFIED = "misclassified", 32
 # Every train.diag_every steps, one event of this kind: per layer group, a histogram of log10 |value| of the
 # weights and of the gradients in HIST_BINS fixed bins over HIST_RANGE (values beyond go to the end bins).
 HISTOGRAM_EVENT, HIST_BINS, HIST_RANGE = "histogram", 32, (-10.0, 2.0)
+# The pre-flight LR range test (train.lr_finder): its curve as lr_finder.json, an artifact of this kind.
+LR_FINDER = "lr_finder"
 
 # --- metric keys --------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_EPOCH_LOSS, TRAIN_ACC = "train/loss", "train/epoch_loss", "train/acc"
 VAL_LOSS, VAL_ACC, VAL_ACC_TOP5 = "val/loss", "val/acc", "val/acc_top5"
+# the exponential moving average of the weights (train.ema), evaluated beside them: every val/ key + "_ema"
+VAL_LOSS_EMA, VAL_ACC_EMA = "val/loss_ema", "val/acc_ema"
 VAL_F1_MACRO = "val/f1_macro"  # the mean of the per-class F1 scores, every class counting the same
+VAL_BALANCED_ACC = "val/balanced_acc"  # the mean of the per-class recalls: a rare class counts as much as a common one
+# The held-out test split's scores, stored once at the end of a run (core/test_scores.py); nothing selects on them.
+TEST_PREFIX = "test/"
+TEST_LOSS, TEST_ACC, TEST_ACC_TOP5, TEST_F1_MACRO = "test/loss", "test/acc", "test/acc_top5", "test/f1_macro"
+TEST_EVENT = "test"  # the event kind of the test split's per-class scores and confusion matrix
 LR, GRAD_NORM, THROUGHPUT, DATA_WAIT = "lr", "grad_norm", "throughput", "data_wait"
 EPOCH_TIME, LR_EPOCH, PEAK_MEMORY, DATA_WAIT_EPOCH = "epoch_time_s", "lr_epoch", "mem/peak_mb", "data_wait_epoch"
 SYSTEM_PREFIX = "sys/"  # system metrics: their step is the Unix time in seconds

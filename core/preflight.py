@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from core import model_size
+from core import model_size, preprocessing, timm_models
 from core.data import DataBundle, Preprocess, Split
 
 
@@ -122,9 +122,17 @@ def data_memory_bytes(spec) -> int | None:
     data = spec.data
     if data.name != "synthetic":
         return None
-    raw = data.num_samples * data.channels * data.size * data.size
-    as_float = raw * 4 if raw * 4 <= spec.loader.device_cache_mb * 2**20 else 0
-    return raw + as_float
+    try:  # pretrained weights' input size and resize (core/preprocessing.py); a checkpoint's is read at load
+        plan = preprocessing.choose(data, spec.model)
+    except preprocessing.PreprocessError:
+        return None  # refused when the data loads, with the reason
+    size = plan.image_size or data.size
+    side, per_image = plan.stored(size), data.num_samples * data.channels
+    raw = per_image * data.size * data.size
+    stored = per_image * side * side  # kept resized when it shrinks or fits data.cache_mb (core/preprocess_ops.py)
+    raw = stored if side <= data.size or stored <= data.cache_mb * 2**20 else raw
+    as_float = per_image * size * size * 4
+    return raw + (as_float if as_float <= spec.loader.device_cache_mb * 2**20 else 0)
 
 
 def available_memory_bytes() -> int | None:
@@ -160,7 +168,7 @@ def check_memory(spec) -> None:
             "(or loader.device_cache_mb, which keeps a float32 copy)"
         )
     where, free = training_memory(spec)
-    e = model_size.estimate(spec)
+    e = model_size.estimate(spec, None if model_size.sized(spec.model.name) else timm_models.footprint(spec.model.name))
     total = e.total_bytes + ((need or 0) if where == "host" else 0)
     if free is not None and total > free:
         with_data = " and the dataset" if where == "host" and need else ""

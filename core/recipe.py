@@ -61,13 +61,16 @@ def build_trainer(
 ) -> Trainer:
     """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
     global batch (train.batch_size / world each) and the model wrapped in DDP."""
-    data = load_data(spec.data, spec.seed)
+    data = load_data(spec.data, spec.seed, spec.model)
     _report_data(sink, data.info)
     model = _build_model(spec, data.info, device, sink)
     forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
     optimizer = build_optimizer(model, spec.optim, spec.model)
     w = ranks.world
-    train_b = make_batches(data.train, spec.train.batch_size // w, True, device, spec.seed, spec.loader, ranks.rank, w)
+    balanced = spec.train.sampler == "balanced"
+    train_b = make_batches(
+        data.train, spec.train.batch_size // w, True, device, spec.seed, spec.loader, ranks.rank, w, balanced
+    )
     val_b = make_batches(
         data.val, -(-max(spec.train.batch_size, 256) // w), False, device, spec.seed, spec.loader, ranks.rank, w
     )
@@ -100,7 +103,9 @@ def _report_data(sink: Sink, info: DataInfo) -> None:
     sink.event(
         "lifecycle",
         "info",
-        f"data {info.name}: {info.num_train} train / {info.num_val} val, {info.num_classes} classes, "
+        f"data {info.name}: {info.num_train} train / {info.num_val} val"
+        + (f" / {info.num_test} test ({info.test_source})" if info.num_test else "")
+        + f", {info.num_classes} classes, "
         f"{info.channels}×{info.image_size}×{info.image_size}",
         {"code": "data", **info.to_dict()},
     )
@@ -171,6 +176,8 @@ def resume_from(t: Trainer, path: Path, sink: Sink) -> int:
     t.global_step, t.epoch, t.history = ck["global_step"], ck["epoch"], list(ck["history"])
     t.diagnoser.emitted = set(ck["diagnoser"]["emitted"])
     t.ref_loss = ck["ref_loss"]
+    if t.ema is not None and "ema" in ck:  # the moving average and its step count (train.ema)
+        t.ema.load_state_dict(ck["ema"])
     set_rng_state(t.ranks.own_rng(ck))  # on several ranks, each its own streams
     sink.event(
         "lifecycle",

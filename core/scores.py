@@ -31,6 +31,13 @@ def macro_f1(tp: Sequence[float], support: Sequence[float], predicted: Sequence[
     return sum(f1) / len(f1) if f1 else 0.0
 
 
+def balanced_accuracy(tp: Sequence[float], support: Sequence[float]) -> float:
+    """The mean recall over the classes that occur in the truth (scikit-learn's balanced_accuracy_score): a
+    classifier that always answers the majority class scores 1 / (classes) however large that class is."""
+    recall = [t / s for t, s in zip(tp, support, strict=True) if s]
+    return sum(recall) / len(recall) if recall else 0.0
+
+
 def scores_from_confusion(confusion: Sequence[Sequence[float]]) -> dict[str, list[float]]:
     """class_scores of a confusion matrix whose rows are the true classes and columns the predicted ones."""
     c = len(confusion)

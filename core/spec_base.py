@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from core import catalog
+from core.names import TEST_PREFIX
 
 
 def registered(kind: str, known: tuple[str, ...]) -> AfterValidator:
@@ -16,6 +19,22 @@ def registered(kind: str, known: tuple[str, ...]) -> AfterValidator:
         return name
 
     return AfterValidator(check)
+
+
+def never_test(field: str) -> BeforeValidator:
+    """For a field that selects (early stopping's monitor, a sweep's objective, and through them the best checkpoint
+    and pruning): a test/* metric is refused with why, before the field's own list of choices is checked."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(TEST_PREFIX):
+            raise ValueError(
+                f"{field}={value}: the test split's scores are read once, at the end of the run, so that they stay "
+                f"an unbiased estimate; nothing that selects (early stopping, the best checkpoint, a sweep's "
+                f"objective, pruning) may see them. Use the validation split's val/{value[len(TEST_PREFIX) :]}"
+            )
+        return value
+
+    return BeforeValidator(check)
 
 
 class Section(BaseModel):

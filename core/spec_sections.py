@@ -9,27 +9,35 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from core import catalog
 from core.catalog import MODEL_NAMES, MONITORS
 from core.names import EXPORT_FORMATS
-from core.spec_base import Section, registered
+from core.spec_base import Section, never_test
 
 # The data section (where images come from, their split, preprocessing and augmentation) is core/spec_data.py's.
 from core.spec_data import AugmentSpec, DataSpec  # noqa: F401 - part of this module's API
+from core.spec_lr_finder import CLASS_WEIGHTS_HELP, SAMPLER_HELP, ClassWeights, LrFinderSpec, Sampler
+from core.spec_mix_ema import EmaSpec, MixSpec
 
 Precision = Literal["fp32", "fp16", "bf16"]
-ModelName = Annotated[str, registered("model", MODEL_NAMES)]
+# The catalog's models, or any timm model as timm/<name> (whether timm has it: checked where timm is installed)
+ModelName = Annotated[str, AfterValidator(catalog.check_model_name)]
 
 
 class ModelSpec(Section):
     """The network and how it is transferred."""
 
-    name: ModelName = Field("simple_cnn", description=f"Model: one of {', '.join(MODEL_NAMES)}.")
+    name: ModelName = Field(
+        "simple_cnn",
+        description=f"Model: one of {', '.join(MODEL_NAMES)}; or any timm model as timm/<name> "
+        "(a timm.list_models() name, optionally with its pretrained tag: timm/<name>.<tag>).",
+    )
     pretrained: bool = Field(
         False,
-        description="Start from torchvision's pretrained weights (read from $TORCH_HOME/hub/checkpoints when offline).",
+        description="Start from the library's pretrained weights: torchvision's read from $TORCH_HOME/hub/checkpoints "
+        "when offline; timm's from the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub), never downloaded.",
     )
     weights_file: str | None = Field(
         None,
@@ -52,7 +60,8 @@ class ModelSpec(Section):
         ge=1,
         le=16,
         description="finetune_last_n: how many backbone stages (from the top) are trained. "
-        f"Stages by family: {catalog.stages_in_words()} (the head, the last linear layer, is always trained).",
+        f"Stages by family: {catalog.stages_in_words()}; any other timm model: one per feature_info module "
+        "(the head, the last linear layer, is always trained).",
     )
     unfreeze_at_epoch: int | None = Field(
         None,
@@ -171,7 +180,9 @@ class EarlyStoppingSpec(Section):
     """Stop when the monitored metric stops improving and keep the best weights."""
 
     enabled: bool = Field(True, description="Stop early when the monitored metric stops improving.")
-    monitor: Literal[MONITORS] = Field("val/loss", description="Metric to watch.")
+    monitor: Annotated[Literal[MONITORS], never_test("train.early_stopping.monitor")] = Field(
+        "val/loss", description="Metric to watch (a validation or training metric: never the test split's)."
+    )
     mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies and F1.")
     patience: int = Field(5, ge=1, le=10_000, description="Epochs without improvement before stopping.")
     min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
@@ -212,6 +223,20 @@ class TrainSpec(Section):
     detect_anomaly: bool = Field(
         True, description="On a non-finite loss, replay the batch under anomaly detection to name the first bad op."
     )
+    mix: MixSpec = Field(default_factory=MixSpec, description="Mixup / cutmix of training batches.")
+    ema: EmaSpec = Field(default_factory=EmaSpec, description="Exponential moving average of the weights.")
+    class_weights: ClassWeights = Field("none", description=CLASS_WEIGHTS_HELP)
+    sampler: Sampler = Field("shuffle", description=SAMPLER_HELP)
+    lr_finder: LrFinderSpec = Field(default_factory=LrFinderSpec, description="LR range test in the pre-flight.")
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> TrainSpec:
+        if self.sampler == "balanced" and self.class_weights != "none":
+            raise ValueError(
+                f"train.sampler=balanced and train.class_weights={self.class_weights} both correct for unbalanced "
+                "classes (together they over-correct): use one of them"
+            )
+        return self
 
 
 class CheckpointSpec(Section):

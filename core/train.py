@@ -17,21 +17,26 @@ from typing import Any
 
 import torch
 
+from core import lr_finder
 from core.checkpoint import load_checkpoint
 from core.config import RunSpec
 from core.data import DataInfo, Preprocess, load_data
 from core.diagnosis import ADVICE
 from core.distributed import SOLO, RankLost
+from core.ema import export_weights
 from core.engine import Diverged, fit
 from core.events import Control, NeverStop, Sink
 from core.export_report import export_meta
+from core.imbalance import warn_if_unbalanced
 from core.models import build_model, count_parameters
 from core.names import CHECKPOINT_FILES, CHECKPOINT_KINDS, EXPORT_EXTRAS, EXPORT_FILES, SAMPLE_GRID, SUCCESS_STATUSES
 from core.preflight import check_memory, check_shapes, overfit_one_batch, sample_grid
+from core.preprocessing import as_recorded
 from core.ranks import Launch, start_ranks
 
 # The setup steps live in core/recipe.py; worker/preflight.py, the benchmarks and tests still reach them here.
 from core.recipe import build_trainer, resolve_device, resume_from, seed_everything, train_peer
+from core.test_scores import score_test
 from core.trainer import Trainer, prepare
 
 
@@ -50,6 +55,9 @@ def _preflight(t: Trainer, out: Path, sink: Sink) -> None:
     )
     grid = sample_grid(t.data, out / "samples.png")
     sink.artifact(SAMPLE_GRID, str(grid), {"labels": "class names under each image"})
+    warn_if_unbalanced(t.diagnoser, t.data.info.class_names, t.data.info.class_counts, t.spec.train)
+    if t.spec.train.lr_finder.enabled:  # on copies: the run's model, optimizer and random streams are untouched
+        lr_finder.report(t, lr_finder.lr_range_test(t), out)
     if t.spec.train.overfit_check:
         r = overfit_one_batch(t.model, t.data, t.device, t.spec.train.overfit_steps)
         if r["passed"]:
@@ -179,12 +187,13 @@ def _finish(
     }
     if t is not None:
         summary["parameters"] = count_parameters(t.model)[0]
+        weights = _score_test(t, spec, out, summary) if status in SUCCESS_STATUSES else None
         epochs = {"best": t.early.best_epoch, "last": t.epoch}
         for which, name in CHECKPOINT_FILES.items():
             if (out / "checkpoints" / name).is_file():
                 sink.artifact(CHECKPOINT_KINDS[which], str(out / "checkpoints" / name), {"epoch": epochs[which]})
         if spec.export.formats and status in SUCCESS_STATUSES:
-            epoch = _load_export_weights(t, spec, out)
+            weights = weights or {"checkpoint": spec.export.checkpoint, "epoch": _load_export_weights(t, spec, out)}
             summary["export"] = export_trained(
                 t.model,
                 t.data.info,
@@ -193,7 +202,7 @@ def _finish(
                 out / "export",
                 sink,
                 step=t.global_step,
-                weights={"checkpoint": spec.export.checkpoint, "epoch": epoch},
+                weights=weights,
             )
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     sink.event(
@@ -206,14 +215,31 @@ def _finish(
     return summary
 
 
+def _score_test(t: Trainer, spec: RunSpec, out: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The held-out test split scored once with the weights the export uses (core/test_scores.py), before the
+    checkpoints are registered (last.pt records the scores); returns those weights, None without a test split."""
+    if t.data.test is None:
+        return None
+    weights = {"checkpoint": spec.export.checkpoint, "epoch": _load_export_weights(t, spec, out)}
+    try:
+        summary["test"] = score_test(t, weights)
+    except Exception as e:  # noqa: BLE001 - the trained run stands; the missing scores are said
+        t.sink.event(
+            "test", "warning", f"the test split was not scored: {e.__class__.__name__}: {e}", {"code": "test_failed"}
+        )
+    return weights
+
+
 def _load_export_weights(t: Trainer, spec: RunSpec, out: Path) -> int:
     """Put the weights export.checkpoint names into the model; returns their epoch. `last` is what the loop
     left in memory; `best` is best.pt (the last weights when no best.pt was saved)."""
     best = out / "checkpoints" / CHECKPOINT_FILES["best"]
     if spec.export.checkpoint == "best" and best.is_file():
         ck = load_checkpoint(best, t.device)
-        t.model.load_state_dict(ck["model"])
+        t.model.load_state_dict(ck["model"])  # best.pt's model: the EMA's weights when they were chosen
         return int(ck["epoch"])
+    if t.ema is not None and t.ema.chosen:  # the last epoch's EMA scored better than the trained weights
+        t.model.load_state_dict(t.ema.module.state_dict())
     return t.epoch
 
 
@@ -291,14 +317,16 @@ def export_run(
     spec = RunSpec.model_validate(ck["spec"])
     if formats is not None:
         spec = spec.model_copy(update={"export": spec.export.model_copy(update={"formats": formats})})
-    data = load_data(spec.data, spec.seed)
+    recorded = (ck.get("data_info") or {}).get("preprocessing")  # the run's own, whatever its weights file is now
+    data = load_data(as_recorded(spec.data, recorded), spec.seed) if recorded else load_data(spec.data, spec.seed)
+    data.info.preprocessing = recorded or data.info.preprocessing
     model = build_model(
         spec.model.model_copy(update={"pretrained": False, "weights_file": None}),
         data.info.num_classes,
         data.info.channels,
         data.info.image_size,
     )
-    model.load_state_dict(ck["model"])
+    model.load_state_dict(export_weights(ck))  # the EMA's when it was chosen at that epoch (core/ema.py)
     return export_trained(
         model,
         data.info,

@@ -17,6 +17,7 @@ from core.config import RunSpec
 from core.data import DataBundle, Preprocess
 from core.diagnosis import Diagnoser
 from core.distributed import SOLO, Ranks
+from core.ema import WeightEma, build_ema
 from core.events import Control, Sink
 from core.models import Classifier
 from core.names import grad_norm_key
@@ -48,17 +49,18 @@ class Trainer:
     ref_loss: float | None = None  # the first logged loss, the yardstick for divergence
     history: list[dict[str, float]] = field(default_factory=list)
     ranks: Ranks = SOLO  # this process's place in a run on several processes (core.distributed)
+    ema: WeightEma | None = None  # the moving average of the weights (train.ema), built with the trainer
 
     def __post_init__(self) -> None:
         aug = self.spec.data.augment
-        any_aug = aug.random_crop or aug.hflip or aug.color_jitter > 0
-        self.pre_train = Preprocess(self.data.info, aug if any_aug else None, self.device)
+        self.pre_train = Preprocess(self.data.info, aug if aug.active else None, self.device)
         self.pre_val = Preprocess(self.data.info, None, self.device)
+        self.ema = build_ema(self.spec.train.ema, self.model)
         self.groups = self.model.param_groups_by_stage()
         # with no augmentation, a device-resident split is normalised once, not every step.
         budget = self.spec.loader.device_cache_mb * 2**20
         for batches, pre in ((self.train_batches, self.pre_train), (self.val_batches, self.pre_val)):
-            if isinstance(batches, DeviceBatches) and pre.augment is None and batches.x.numel() * 4 <= budget:
+            if isinstance(batches, DeviceBatches) and pre.augment is None and pre.output_numel(batches.x) * 4 <= budget:
                 batches.x = torch.cat([pre(chunk) for chunk in batches.x.split(4096)])
 
     @property

@@ -94,14 +94,23 @@ def event_problem(event: EventInput) -> str | None:
 
 
 def list_events(
-    engine: Engine, run_id: str, *, after_id: int = 0, level: str | None = None, limit: int = 1000
+    engine: Engine,
+    run_id: str,
+    *,
+    after_id: int = 0,
+    level: str | None = None,
+    limit: int = 1000,
+    kind: str | None = None,
 ) -> list[EventRecord]:
-    """The run's events in order; `after_id` (the last id seen) gives only newer ones."""
+    """The run's events in order; `after_id` (the last id seen) gives only newer ones, `level` and `kind` only
+    those of that level and kind."""
     if not 1 <= limit <= MAX_EVENTS_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_EVENTS_PAGE}, got {limit}")
     query = select(Event).where(Event.run_id == run_id, Event.id > after_id)
     if level is not None:
         query = query.where(Event.level == level)
+    if kind is not None:
+        query = query.where(Event.kind == kind)
     with session_scope(engine, write=False) as session:
         if session.get(Run, run_id) is None:
             raise RunNotFound(run_id)

@@ -24,7 +24,7 @@ Torch-free: the dashboard and the CLI validate sweeps with it.
 from __future__ import annotations
 
 from itertools import product
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
@@ -33,6 +33,7 @@ from core import bounded_yaml, catalog
 from core.catalog import OBJECTIVES
 from core.config import RunSpec, SpecError, apply_overrides, describe_errors
 from core.names import PRUNERS, SWEEP_METHODS
+from core.spec_base import never_test
 from sweep.space import MAX_GRID, ParamSpec, Scalar, check_path, set_path
 
 MAX_TRIALS = 2_000
@@ -46,7 +47,7 @@ class _Section(BaseModel):
 
 
 class ObjectiveSpec(_Section):
-    metric: Literal[OBJECTIVES] | None = Field(
+    metric: Annotated[Literal[OBJECTIVES] | None, never_test("objective.metric")] = Field(
         None, description="Per-epoch metric the sweep optimises (default: the base spec's early-stopping monitor)."
     )
     mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for losses, max for accuracies and F1.")

@@ -201,27 +201,35 @@ def _newer(store: ArtifactStore, key: str, local: Path) -> bool:
 
 
 def localize_dataset(spec: Any, store: ArtifactStore, engine: Any = None, cache: Path | None = None) -> Any:
-    """An imagefolder spec whose data.path is missing on this host but whose uploaded dataset is in the
-    store: fetch `datasets/<name>.zip` (cached) and return the spec reading from it. Else the spec as is."""
+    """An imagefolder spec whose data.path (or data.test_path) is missing on this host but whose uploaded dataset
+    is in the store: fetch `datasets/<name>.zip` (cached) and return the spec reading from it. Else the spec as is."""
     data = spec.data
-    if data.name != "imagefolder" or not data.path or Path(data.path).expanduser().exists():
+    if data.name != "imagefolder":
         return spec
-    name = _dataset_name(data.path, engine)
+    update = {f: local for f in ("path", "test_path") if (local := _localized(getattr(data, f), store, engine, cache))}
+    return spec.model_copy(update={"data": data.model_copy(update=update)}) if update else spec
+
+
+def _localized(path: str | None, store: ArtifactStore, engine: Any, cache: Path | None) -> str | None:
+    """The local copy of the uploaded dataset registered at `path`, when this host lacks `path`; else None."""
+    if not path or Path(path).expanduser().exists():
+        return None
+    name = _dataset_name(path, engine)
     if name is None:
-        return spec
+        return None
     key = dataset_key(name)
     try:
         if not store.exists(key):
-            return spec
+            return None
         from db.engine import data_home
 
         local = (cache or data_home() / "datasets" / ".store") / f"{name}.zip"
         if not (local.is_file() and local.stat().st_size == store.size(key)):
             store.get_file(key, local)
     except BadKey:
-        return spec
+        return None
     log.info("dataset %s fetched from %s to %s", name, store.url, local)
-    return spec.model_copy(update={"data": data.model_copy(update={"path": str(local)})})
+    return str(local)
 
 
 def _dataset_name(path: str, engine: Any) -> str | None:

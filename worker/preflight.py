@@ -57,12 +57,15 @@ def run(
     import torch
 
     from core.data import load_data
+    from core.imbalance import correction, imbalance, imbalance_message
     from core.models import build_model
     from core.preflight import ShapeError, check_shapes, sample_grid
+    from core.timm_models import check_model
     from core.train import resolve_device
 
+    check_model(spec.model.name)  # a timm name timm does not have is refused before any data is read
     torch.manual_seed(spec.seed)  # the same spec gets the same model, so the same verdict, whatever ran before
-    data = load_data(spec.data, spec.seed)
+    data = load_data(spec.data, spec.seed, spec.model)
     info = data.info
     result: dict = {
         "data": {
@@ -75,6 +78,10 @@ def run(
             "skipped": info.skipped,
         }
     }
+    found = imbalance(info.class_names, info.class_counts)
+    if found:  # unbalanced classes: the New run page says so before the run is launched
+        fix = correction(spec.train.class_weights, spec.train.sampler)
+        result["imbalance"] = {**found, "message": imbalance_message(found, fix), "corrected": fix is not None}
     sample_grid(data, out / "samples.png")
     model = build_model(spec.model, info.num_classes, info.channels, info.image_size, class_names=info.class_names)
     result["model"] = {

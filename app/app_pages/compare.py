@@ -246,6 +246,8 @@ def summary(runs, groups: list[cg.Group] | None) -> None:
                 **dict.fromkeys(cv.OBJECTIVE_COLUMNS, number),
                 "best val/acc": number,
                 "lowest val/loss": number,
+                "test/acc": number,
+                "test/loss": number,
                 "time (s)": st.column_config.NumberColumn(format="%.1f"),
             },
         )

@@ -13,7 +13,17 @@ from app.present import text as f
 from app.present.figures import X_MODES
 from app.services.owners import owner_label
 from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollow
-from app.ui import frame, queries, run_charts, run_files, run_processes, run_view
+from app.ui import (
+    frame,
+    lr_finder_view,
+    preprocessing_view,
+    queries,
+    run_charts,
+    run_files,
+    run_processes,
+    run_view,
+    test_view,
+)
 from db.errors import RunNotFound
 from db.types import NOTES_LEN
 
@@ -249,6 +259,7 @@ def main() -> None:
     # Fed by the live route, the charts tell the page when the run ends: the status may refresh less often.
     status_every = 5.0 if route.served() else 2.0
     st.fragment(live_status, run_every=max(every, status_every) if every else None)(r.id, active)
+    test_view.show(r)  # the held-out test split's scores, once the run has ended
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(
         ["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"), on_change="rerun"
@@ -262,6 +273,7 @@ def main() -> None:
             fed = active and route.served()
             timer = (queries.REFRESH_S if not r.metrics else FED_CHECK_S) if fed else queries.LIVE_S if active else None
             st.fragment(charts_view, run_every=timer)(r.id, xmode, smoothing, ncols, active, fed and not r.metrics)
+            lr_finder_view.show(r)  # the pre-flight's LR range test, when the spec asked for it
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)
@@ -270,6 +282,7 @@ def main() -> None:
             run_view.samples_panel(r)
     if spec_tab.open:
         with spec_tab:
+            preprocessing_view.show(r)  # whose resize, crop and mean/std the run used
             run_view.spec_panel(r)
     if files_tab.open:
         with files_tab:

@@ -11,6 +11,7 @@ from app.present import text as f
 from app.services import runs as run_service
 from app.services.owners import owner_labels
 from app.ui import frame, queries, run_units
+from app.ui.runs_table import COLUMNS, frame_of
 from db import repo
 from db.types import RUN_STATUSES, RunRecord
 
@@ -24,6 +25,7 @@ SORTS = {
     "owner": "owner",
     "val/acc (last)": "metric:val/acc",
     "val/loss (last)": "metric:val/loss",
+    "test/acc": "metric:test/acc",
 }
 
 
@@ -156,37 +158,6 @@ def sweep_filter(col) -> str | None:
             st.query_params.pop("sweep", None)
         st.session_state[K("sweep_url")] = chosen
     return chosen
-
-
-def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
-    owners = owner_labels((r.owner for r in runs), engine=queries.engine())
-    return pd.DataFrame(
-        [
-            {
-                "name": r.name,
-                "status": f.status_label(r.status),
-                "progress": r.progress or 0.0,
-                "best": f.best_text(r),
-                "owner": owners.get(r.owner, r.owner),
-                "worker": r.worker_id or "",
-                "duration": f.seconds(f.duration_s(r)),
-                "tags": list(r.tags),
-                "created": r.created_at,
-                "open": f"run?id={r.id}",
-                "id": r.id,
-            }
-            for r in runs
-        ],
-        columns=["name", "status", "progress", "best", "owner", "worker", "duration", "tags", "created", "open", "id"],
-    )
-
-
-COLUMNS = {
-    "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-    "tags": st.column_config.ListColumn("tags"),
-    "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
-    "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small"),
-}
 
 
 def table(query: dict, offset: int, limit: int) -> list[RunRecord]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import auth
+from app.present import test_scores
 from app.present import text as f
 from app.present.seed_groups import mean_std_text
 from app.services import sweeps
@@ -120,6 +121,7 @@ def best_panel(v: sweeps.SweepView) -> None:
         left, right = st.columns([3, 1.2], vertical_alignment="bottom")
         value = mean_std_text(sv.run_bests(v.state, b.number))
         left.markdown(f"**Best so far: trial #{b.number}** · {f.md_text(v.spec.metric)} {f.md_text(value)}")
+        left.markdown(test_scores.beside_winner(v.state.runs_of(b.number)))  # held out: never chose the winner
         left.markdown(sv.params_md(b.params, list(v.spec.space)))
         st.session_state.setdefault(K("best_seeds"), v.spec.seeds)
         seeds = right.number_input(

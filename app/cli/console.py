@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from core.names import TEST_EVENT
+
 _LEVEL_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
@@ -37,7 +39,7 @@ class ConsoleSink:
             )
 
     def event(self, kind: str, level: str, message: str, data: dict | None = None, *, step: int | None = None) -> None:
-        if kind in ("lifecycle", "preflight", "export") or level != "info":
+        if kind in ("lifecycle", "preflight", "export", TEST_EVENT) or level != "info":
             style = _LEVEL_STYLE.get(level, "")
             self.bar.console.print(f"[{style}]{kind}[/{style}] {message}", highlight=False)
             if data and data.get("advice"):

@@ -26,13 +26,28 @@ LABELS: dict[str, str] = {
     "data.path": "Data folder or .zip",
     "data.download": "Download the dataset",
     "data.val_fraction": "Validation fraction",
-    "data.image_size": "Resize images to",
+    "data.test_split": "Held-out test split",
+    "data.test_fraction": "Test fraction",
+    "data.test_path": "Test folder or .zip (same classes)",
+    "data.image_size": "Input size",
     "data.limit": "Use at most (samples)",
-    "data.normalize": "Normalise (mean/std of the training split)",
+    "data.normalize": "Normalise (mean/std)",
+    "data.preprocess.source": "Preprocessing from",
+    "data.preprocess.mean": "Mean per channel",
+    "data.preprocess.std": "Standard deviation per channel",
+    "data.preprocess.resize_ratio": "Resize before the crop (× input size)",
+    "data.preprocess.interpolation": "Resize interpolation",
     "data.augment.random_crop": "Random crop",
     "data.augment.crop_padding": "Crop padding",
     "data.augment.hflip": "Random horizontal flip",
     "data.augment.color_jitter": "Colour jitter strength",
+    "data.augment.random_resized_crop": "Random resized crop",
+    "data.augment.rrc_scale": "Crop area (fraction of the image, min and max)",
+    "data.augment.rrc_ratio": "Crop aspect ratio (min and max)",
+    "data.augment.policy": "Automatic augmentation",
+    "data.augment.magnitude": "RandAugment strength",
+    "data.augment.num_ops": "RandAugment operations per image",
+    "data.augment.random_erasing": "Random erasing probability",
     "data.num_classes": "Number of classes",
     "data.num_samples": "Number of samples",
     "data.channels": "Channels",
@@ -86,6 +101,19 @@ LABELS: dict[str, str] = {
     "train.overfit_check": "Check first that one batch can be overfit",
     "train.overfit_steps": "Overfit check length (steps)",
     "train.detect_anomaly": "Name the operation behind a non-finite loss",
+    "train.mix.mixup_alpha": "Mixup alpha",
+    "train.mix.cutmix_alpha": "Cutmix alpha",
+    "train.mix.prob": "Share of batches mixed",
+    "train.mix.switch_prob": "Share of mixed batches that use cutmix",
+    "train.ema.enabled": "Moving average of the weights (EMA)",
+    "train.ema.decay": "EMA decay per step",
+    "train.ema.warmup": "EMA warmup",
+    "train.class_weights": "Class weights in the training loss",
+    "train.sampler": "Order of the training samples",
+    "train.lr_finder.enabled": "LR range test before training",
+    "train.lr_finder.start_lr": "LR range test: first learning rate",
+    "train.lr_finder.end_lr": "LR range test: last learning rate",
+    "train.lr_finder.steps": "LR range test: steps",
     "checkpoint.save_last": "Save the last checkpoint every epoch",
     "checkpoint.save_best": "Save the best checkpoint",
     "export.formats": "Export formats",
@@ -122,6 +150,10 @@ _ADVANCED: frozenset[str] = frozenset(
         "data.max_bad_fraction",
         "data.cache_mb",
         "data.normalize",
+        "data.preprocess.mean",
+        "data.preprocess.std",
+        "data.preprocess.resize_ratio",
+        "data.preprocess.interpolation",
         "model.gradient_checkpointing",
         "model.keep_head",
         "model.lr_decay",
@@ -132,6 +164,11 @@ _ADVANCED: frozenset[str] = frozenset(
         "train.overfit_check",
         "train.overfit_steps",
         "train.detect_anomaly",
+        "data.augment.rrc_ratio",
+        "train.ema.warmup",
+        "train.lr_finder.start_lr",
+        "train.lr_finder.end_lr",
+        "train.lr_finder.steps",
         "export.atol",
         "export.parity_samples",
         "export.opset",
@@ -150,13 +187,35 @@ def label(path: str) -> str:
     return f"{text} ({unit})" if unit else text
 
 
+def option_label(path: str, value: Any) -> str:
+    """A choice as the form lists it: a timm model with its family (`timm/convnextv2_atto · ConvNeXt-V2`, the
+    catalog listing each family's together); any other value as itself."""
+    entry = catalog.MODELS.get(value) if path == "model.name" and isinstance(value, str) else None
+    return f"{value} · {entry.label}" if entry is not None and entry.label else str(value)
+
+
+def choice_options(path: str, options: tuple[Any, ...], current: Any) -> list[Any]:
+    """The choices a select box offers: the schema's, and a spec's own timm model when it is one the form does not
+    list (YAML takes any timm name), so that loading that spec keeps its model instead of the first choice."""
+    out = list(options)
+    if path == "model.name" and isinstance(current, str) and current.startswith(catalog.TIMM_PREFIX):
+        out += [current] if current not in out else []
+    return out
+
+
 def advanced(path: str) -> bool:
     """A rarely changed field: shown under its section's "Advanced"."""
     return path in _ADVANCED or path.startswith(_ADVANCED_PREFIXES)
 
 
+def _has_weights(v: Mapping[str, Any]) -> bool:
+    """The model has pretrained weights: the catalog says, or timm will (any timm model a spec names)."""
+    name = v.get("model.name")
+    return name in catalog.PRETRAINED_MODELS or str(name or "").startswith(catalog.TIMM_PREFIX)
+
+
 def _transferring(v: Mapping[str, Any]) -> bool:
-    return v.get("model.name") in catalog.PRETRAINED_MODELS or bool(v.get("model.weights_file"))
+    return _has_weights(v) or bool(v.get("model.weights_file"))
 
 
 def _is(path: str, *names: str) -> Callable[[Mapping[str, Any]], bool]:
@@ -172,9 +231,16 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
         for k in ("num_classes", "num_samples", "channels", "size", "noise")
     },
     "data.max_bad_fraction": _is("data.name", *catalog.datasets_of("folder")),
+    "data.test_fraction": lambda v: (
+        v.get("data.test_split") == "fraction"
+        or (v.get("data.test_split") == "auto" and v.get("data.name") not in catalog.datasets_of("torchvision"))
+    ),
+    "data.test_path": lambda v: (
+        v.get("data.name") in catalog.datasets_of("folder") and v.get("data.test_split") in ("auto", "path")
+    ),
     "data.cache_mb": _is("data.name", *catalog.datasets_of("folder")),
     "model.hidden": _is("model.name", *catalog.HIDDEN_MODELS),
-    "model.pretrained": _is("model.name", *catalog.PRETRAINED_MODELS),
+    "model.pretrained": _has_weights,
     "model.transfer": _transferring,
     "model.backbone_lr_mult": _transferring,
     "model.last_n": lambda v: _transferring(v) and v.get("model.transfer") == "finetune_last_n",
@@ -197,6 +263,19 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "schedule.patience": _is("schedule.name", "plateau"),
     "schedule.pct_start": _is("schedule.name", "onecycle"),
     "train.grad_clip.max": lambda v: v.get("train.grad_clip.mode") != "none",
+    "data.augment.crop_padding": lambda v: bool(v.get("data.augment.random_crop")),
+    "data.augment.rrc_scale": lambda v: bool(v.get("data.augment.random_resized_crop")),
+    "data.augment.rrc_ratio": lambda v: bool(v.get("data.augment.random_resized_crop")),
+    "data.augment.magnitude": _is("data.augment.policy", "randaugment"),
+    "data.augment.num_ops": _is("data.augment.policy", "randaugment"),
+    "train.mix.prob": lambda v: bool(v.get("train.mix.mixup_alpha") or v.get("train.mix.cutmix_alpha")),
+    "train.mix.switch_prob": lambda v: bool(v.get("train.mix.mixup_alpha") and v.get("train.mix.cutmix_alpha")),
+    "train.ema.decay": lambda v: bool(v.get("train.ema.enabled")),
+    "train.ema.warmup": lambda v: bool(v.get("train.ema.enabled")),
+    **{
+        f"train.lr_finder.{k}": lambda v: bool(v.get("train.lr_finder.enabled"))
+        for k in ("start_lr", "end_lr", "steps")
+    },
 }
 
 

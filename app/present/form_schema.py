@@ -38,6 +38,11 @@ _GROUP_RULES: tuple[tuple[str, str], ...] = (
     ("train.accumulate", "Optimization"),
     ("train.label_smoothing", "Optimization"),
     ("train.steps_per_epoch", "Optimization"),
+    ("train.mix.", "Optimization"),
+    ("train.ema.", "Optimization"),
+    ("train.class_weights", "Optimization"),
+    ("train.sampler", "Optimization"),
+    ("train.lr_finder.", "Optimization"),
     ("schedule.", "Schedule"),
     ("train.early_stopping.", "Early stopping"),
     ("train.", "Precision & stability"),
@@ -58,7 +63,7 @@ _SECTIONS = ("data", "model", "optim", "schedule", "train", "checkpoint", "expor
 @dataclass(frozen=True)
 class FormField:
     path: str  # dotted, as in YAML and in SpecError: "optim.lr"
-    kind: str  # bool | int | float | str | choice | multichoice | pair | intlist | optbool
+    kind: str  # bool | int | float | str | choice | multichoice | pair | intlist | floatlist | optbool
     default: Any
     help: str
     optional: bool = False
@@ -105,7 +110,7 @@ def _leaf(path: str, ann: Any, default: Any, help_text: str, metadata: list[Any]
     if origin is list and typing.get_origin(args[0]) is Literal:
         return FormField(kind="multichoice", options=typing.get_args(args[0]), **common)
     if origin is list:
-        return FormField(kind="intlist", **common)
+        return FormField(kind="floatlist" if args[0] is float else "intlist", **common)
     if origin is tuple:
         return FormField(kind="pair", **common)
     if ann is bool:

@@ -1,5 +1,5 @@
-"""Which files a run may read: the spec's `data.path` and `model.weights_file`, checked before a run is
-stored or a pre-flight is sent, so that nobody reads the host's files through a run.
+"""Which files a run may read: the spec's `data.path`, `data.test_path` and `model.weights_file`, checked before a
+run is stored or a pre-flight is sent, so that nobody reads the host's files through a run.
 
 - Team mode: a `data.path` must be an uploaded (registered) dataset, a `model.weights_file` a file under the
   artifact root (a run's checkpoint), unless the operator lists other folders in TORCHDECK_PATH_ROOTS.
@@ -66,8 +66,10 @@ def _refusal(field: str, roots: list[Path], hint: str) -> tuple[str, str]:
 def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tuple[str, str]]:
     """(field, message) for each path in the spec that a run may not read."""
     problems = []
-    if spec.data.path:
-        path = _resolved(spec.data.path)
+    for field, value in (("data.path", spec.data.path), ("data.test_path", spec.data.test_path)):
+        if not value:
+            continue
+        path = _resolved(value)
         roots = data_roots()
         # An uploaded dataset is an image folder to read: never a torchvision root to download into.
         registered = catalog.is_folder(spec.data.name) and _registered(path, engine)
@@ -77,7 +79,7 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
                 if team_mode()
                 else f"move the data under one of them, or add its folder to {ROOTS_ENV}"
             )
-            problems.append(_refusal("data.path", roots, hint))
+            problems.append(_refusal(field, roots, hint))
     if spec.model.weights_file:
         path = _resolved(spec.model.weights_file)
         roots = weights_roots(artifact_root)
@@ -101,6 +103,8 @@ def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path) -> RunSpec:
     data, model = spec.data, spec.model
     if data.path:
         data = data.model_copy(update={"path": _absolute(data.path)})
+    if data.test_path:
+        data = data.model_copy(update={"test_path": _absolute(data.test_path)})
     if model.weights_file:
         model = model.model_copy(update={"weights_file": _absolute(model.weights_file)})
     return spec.model_copy(update={"data": data, "model": model})

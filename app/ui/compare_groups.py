@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.present import figures
+from app.present import figures, test_scores
 from app.present import text as f
 from app.present.seed_groups import add_band, band, mean_std, mean_std_text
 from app.ui.compare_view import best_value, objective, stored, whole_x, x_mapper, x_title, x_values
@@ -157,6 +157,7 @@ def group_summary(groups: Sequence[Group]) -> pd.DataFrame:
                 "last": mean_std_text(last),
                 "best val/acc": mean_std_text([best_value(r, "val/acc") for r in g.runs]),
                 "lowest val/loss": mean_std_text([best_value(r, "val/loss") for r in g.runs]),
+                "test/acc": mean_std_text(test_scores.mean_of(g.runs)),
                 "epochs run": mean_std_text([s.get("epochs_run") for s in summaries], digits=1),
                 "time (s)": mean_std_text(
                     [s.get("wall_time_s") or f.duration_s(r) for s, r in zip(summaries, g.runs, strict=True)], digits=1
@@ -181,6 +182,7 @@ SUMMARY_COLUMNS = [
     "last",
     "best val/acc",
     "lowest val/loss",
+    "test/acc",
     "epochs run",
     "time (s)",
 ]

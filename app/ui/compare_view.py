@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.present import figures
+from app.present import figures, test_scores
 from app.present import text as f
 from app.present.form_schema import flatten
 from app.ui import queries, run_units
@@ -77,6 +77,8 @@ def summary_table(runs: Sequence[RunRecord], metric: str | None = None) -> pd.Da
                 **objective_stats(r, metric),
                 "best val/acc": best_value(r, "val/acc"),
                 "lowest val/loss": best_value(r, "val/loss"),
+                "test/acc": test_scores.value(r, "test/acc"),  # held out: scored once at the end, never selected on
+                "test/loss": test_scores.value(r, "test/loss"),
                 "monitored": f"{best['metric']} {best['value']:.4f}" if best.get("value") is not None else "",
                 "best epoch": best.get("epoch"),
                 "epochs run": summary.get("epochs_run"),

@@ -73,6 +73,11 @@ def show(result: dict) -> None:
             kind, text = overfit_message(result["overfit"], result.get("model", {}))
             icon = {"success": ":material/check_circle:", "warning": ":material/warning:"}.get(kind, ":material/info:")
             getattr(st, kind)(text, icon=icon)
+        if isinstance(result.get("imbalance"), dict):  # unbalanced classes, and what to do about them
+            found = result["imbalance"]
+            getattr(st, "info" if found.get("corrected") else "warning")(
+                f.md_text(found.get("message", "unbalanced classes")), icon=":material/balance:"
+            )
         if result.get("data"):
             d, m = result["data"], result.get("model", {})
             st.caption(

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from app.services.broker import engine_for
 from app.ui import run_units
-from core.names import CLAIMABLE_STATUSES
+from core.names import CLAIMABLE_STATUSES, TEST_EVENT
 from db import repo
 from db.engine import database_url
 from db.types import (
@@ -307,6 +307,13 @@ def union_keys(run_ids: Sequence[str]) -> list[str]:
 
 def events(run_id: str, after_id: int = 0, limit: int = 2000) -> list[EventRecord]:
     return repo.list_events(engine(), run_id, after_id=after_id, limit=limit)
+
+
+@shared(ttl=30)
+def test_event(engine: Engine, run_id: str) -> EventRecord | None:
+    """The run's test-split event (per-class scores, confusion), stored once at its end; None before or without."""
+    found = repo.list_events(engine, run_id, kind=TEST_EVENT, limit=10)
+    return found[-1] if found else None
 
 
 @shared(ttl=3)

@@ -20,6 +20,7 @@ from core.names import (
     CHECKPOINT_LAST,
     EXPORT_FORMATS,
     EXPORT_REPORT,
+    LR_FINDER,
     MISCLASSIFIED,
     SAMPLE_GRID,
     SUCCESS_STATUSES,
@@ -36,6 +37,7 @@ ARTIFACT_LABELS = {
     EXPORT_REPORT: "Export report (export.json)",
     SAMPLE_GRID: "Sample grid (.png)",
     MISCLASSIFIED: "Most confident mistakes (.png)",
+    LR_FINDER: "LR range test (lr_finder.json: its loss curve and suggested learning rate)",
 }
 
 

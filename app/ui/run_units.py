@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from app.present import test_scores
 from app.present import text as f
 from app.present.seed_groups import mean_std_text
 from core.names import SUCCESS_STATUSES
@@ -91,7 +92,12 @@ def sweep_best(sweep: SweepRecord, runs: Sequence[RunRecord]) -> str:
         return ""
     mean = {t: sum(v) / len(v) for t, v in by_trial.items()}
     top = (max if mode == "max" else min)(mean, key=lambda t: mean[t])
-    return f"{key} {mean_std_text(by_trial[top])} · trial {top}"
+    tested = [v for v in test_scores.mean_of([r for r in runs if r.trial == top]) if v is not None]
+    return (
+        f"{key} {mean_std_text(by_trial[top])}"
+        + (f" · test/acc {mean_std_text(tested)}" if tested else "")
+        + (f" · trial {top}")
+    )
 
 
 def sweep_row(sweep: SweepRecord, runs: Sequence[RunRecord], matching: int, owner: str) -> dict[str, Any]:

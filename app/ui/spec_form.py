@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.present.form_rules import advanced
+from app.present.form_rules import advanced, choice_options, option_label
 from app.present.form_schema import FIELDS, GROUPS, FormField, flatten, set_path
 from app.present.text import md_text
 
@@ -32,7 +32,7 @@ def _to_widget(f: FormField, value: Any) -> Any:
         return next(k for k, v in _OPTBOOL.items() if v == value)
     if f.kind == "str":
         return "" if value is None else str(value)
-    if f.kind == "intlist":
+    if f.kind in ("intlist", "floatlist"):
         return ", ".join(str(v) for v in value or [])
     if f.kind == "multichoice":
         return list(value or [])
@@ -78,7 +78,8 @@ def _widget(f: FormField) -> None:
     elif f.kind == "optbool":
         st.selectbox(label, list(_OPTBOOL), key=k, help=helptext)
     elif f.kind == "choice":
-        st.selectbox(label, list(f.options), key=k, help=helptext)
+        options = choice_options(f.path, f.options, st.session_state.get(k))
+        st.selectbox(label, options, key=k, help=helptext, format_func=lambda o, p=f.path: option_label(p, o))
     elif f.kind == "multichoice":
         st.multiselect(label, list(f.options), key=k, help=helptext)
     elif f.kind == "int":
@@ -97,8 +98,9 @@ def _widget(f: FormField) -> None:
         a, b = st.columns(2)
         a.number_input(f"{label} (1)", step=0.001, format="%g", key=k + ".0", help=helptext)
         b.number_input(f"{label} (2)", step=0.001, format="%g", key=k + ".1", help=helptext)
-    elif f.kind == "intlist":
-        st.text_input(label, key=k, help=helptext + " Comma-separated, e.g. 10, 20.")
+    elif f.kind in ("intlist", "floatlist"):
+        example = "0.485, 0.456, 0.406" if f.kind == "floatlist" else "10, 20"
+        st.text_input(label, key=k, help=f"{helptext} Comma-separated, e.g. {example}.")
     else:
         st.text_input(label, key=k, help=helptext, placeholder="none" if f.optional else None)
 
@@ -201,12 +203,19 @@ def _from_widget(f: FormField) -> Any:
     if f.kind == "str":
         v = (v or "").strip()
         return v or (None if f.optional else "")
-    if f.kind == "intlist":
+    if f.kind in ("intlist", "floatlist"):
         parts = [p.strip() for p in (v or "").replace(";", ",").split(",") if p.strip()]
+        if f.kind == "floatlist" and not parts and f.optional:
+            return None  # left empty: the schema's default (none)
+        number = float if f.kind == "floatlist" else int
         try:
-            return [int(p) for p in parts]
+            return [number(p) for p in parts]
         except ValueError:
-            raise ValueError("whole numbers separated by commas, e.g. 10, 20") from None
+            raise ValueError(
+                "numbers separated by commas, e.g. 0.5, 0.5, 0.5"
+                if f.kind == "floatlist"
+                else "whole numbers separated by commas, e.g. 10, 20"
+            ) from None
     return v
 
 

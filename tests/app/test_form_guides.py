@@ -90,7 +90,7 @@ def test_clipping_off_hides_its_threshold_and_labels_are_words(page):
     assert at.selectbox(key="nr.f.train.grad_clip.mode").label == "Clip gradients by"
     assert at.number_input(key="nr.f.train.grad_clip.max").label == "Max norm"
     assert where(at, "train.grad_clip.max") == MAIN
-    assert at.number_input(key="nr.f.data.image_size").label == "Resize images to (px)"
+    assert at.number_input(key="nr.f.data.image_size").label == "Input size (px)"
     at = _choose(at, "train.grad_clip.mode", "none")
     assert where(at, "train.grad_clip.max") == UNUSED
     labels = {w.label for kind in ("number_input", "selectbox", "checkbox") for w in getattr(at, kind)}

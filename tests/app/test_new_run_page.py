@@ -9,7 +9,6 @@ import pytest
 from seeding import error_beside, seed_run, widget
 
 from app.present.form_schema import FIELDS
-from core.config import RunSpec
 from db import repo
 
 
@@ -21,10 +20,10 @@ def _click(at, label: str):
 def test_every_schema_field_has_a_widget_with_its_default_and_help(page):
     at = page("new_run.py")
     assert not at.exception
-    defaults = RunSpec()
     for f in FIELDS:
-        if f.kind == "pair":
-            assert widget(at, f"nr.f.{f.path}.0").value == pytest.approx(defaults.optim.betas[0])
+        if f.kind == "pair":  # optim.betas, data.augment.rrc_scale, ...
+            assert widget(at, f"nr.f.{f.path}.0").value == pytest.approx(f.default[0]), f.path
+            assert widget(at, f"nr.f.{f.path}.1").value == pytest.approx(f.default[1]), f.path
             continue
         w = widget(at, f"nr.f.{f.path}")
         assert w.help and f.help[:30] in w.help, f.path

@@ -384,7 +384,7 @@ def test_a_huge_image_in_a_training_folder_is_skipped_with_the_reason(tmp_path, 
     )
     assert b.info.skipped == 1
     assert b.info.skipped_files == ["dog/huge.png (225,000,000 pixels, more than the 64 MP accepted)"]
-    assert b.info.num_train + b.info.num_val == 10
+    assert b.info.num_train + b.info.num_val + b.info.num_test == 10
 
 
 def test_a_huge_image_over_the_bad_fraction_refuses_the_folder_naming_file_and_limit(tmp_path, huge_png):

@@ -22,12 +22,14 @@ from core.spec_sections import ModelSpec
 from sweep.spec import SweepSpec, SweepSpecError
 
 PRETRAINED = sorted(catalog.PRETRAINED_MODELS)
+# torchvision's weights files (timm's are checked against timm in tests/core/test_timm_models.py)
+TORCHVISION_PRETRAINED = [n for n in PRETRAINED if MODELS[n].library == "torchvision"]
 
 
 # --- models ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", PRETRAINED)
+@pytest.mark.parametrize("name", TORCHVISION_PRETRAINED)
 def test_the_weights_file_and_preprocessing_are_torchvisions(name):
     """The catalog copies torchvision's weight metadata as plain data (no torchvision import for the dashboard):
     the copy must be what this torchvision says, or a pretrained run would look for the wrong file."""
@@ -76,7 +78,7 @@ def test_transfer_learning_works_on_every_pretrained_models_stages(name):
 
 def test_a_pretrained_model_is_looked_for_in_the_catalogs_file(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    for name in PRETRAINED:
+    for name in TORCHVISION_PRETRAINED:
         assert pretrained_weights_path(name) == tmp_path / "hub" / "checkpoints" / MODELS[name].weights.file
     with pytest.raises(ValueError, match="has no pretrained weights"):
         build_model(ModelSpec(name="mlp", pretrained=True), 3, 1, 8)
@@ -151,6 +153,7 @@ def test_made_up_metrics_are_neither_monitors_nor_objectives():
 def test_train_loss_per_epoch_is_read_from_train_epoch_loss_and_every_metric_has_a_chart():
     assert catalog.stored_key("train/loss") == "train/epoch_loss" and catalog.stored_key("val/acc") == "val/acc"
     charts = catalog.chart_keys()
-    assert charts["Loss"] == ("train/loss", "train/epoch_loss", "val/loss")  # the Run page's first chart, as before
+    assert charts["Loss"][:3] == ("train/loss", "train/epoch_loss", "val/loss")  # the Run page's first chart, as before
+    assert charts["Loss"][3:] == ("val/loss_ema",)  # then the EMA of the weights' (train.ema), when a run keeps one
     drawn = {k for keys in charts.values() for k in keys}
     assert all(k in drawn and catalog.stored_key(k) in drawn for k in METRICS)

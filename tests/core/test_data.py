@@ -295,7 +295,7 @@ def test_imagefolder_from_a_folder_keeps_labels_aligned_with_images(tmp_path):
     root = _tree(tmp_path / "pets", {"dog": BLUE, "cat": RED, "fox": GREEN})
     b = load_data(_folder(root), seed=0)
     assert b.info.class_names == ["cat", "dog", "fox"]  # sorted sub-folder names
-    assert b.info.num_train + b.info.num_val == 15 and b.info.skipped == 0
+    assert b.info.num_train + b.info.num_val + b.info.num_test == 15 and b.info.skipped == 0
     assert (b.info.channels, b.info.image_size) == (3, 8) and b.train.images.shape[1:] == (3, 8, 8)
     colours = _mean_colour_by_label(b)
     for name, want in {"cat": RED, "dog": BLUE, "fox": GREEN}.items():
@@ -362,7 +362,7 @@ def test_corrupt_images_are_skipped_counted_and_named(tmp_path):
     (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     b = load_data(_folder(root, max_bad_fraction=0.1), seed=0)
     assert b.info.skipped == 1 and b.info.skipped_files == ["dog/broken.png"]
-    assert b.info.num_train + b.info.num_val == 20
+    assert b.info.num_train + b.info.num_val + b.info.num_test == 20
 
 
 def test_too_many_corrupt_images_are_refused_naming_them(tmp_path):

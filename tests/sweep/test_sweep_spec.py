@@ -93,7 +93,7 @@ def test_fields_naming_files_or_datasets_are_never_swept():
     from core.admission import FILE_FIELDS
     from sweep.space import sweepable_paths
 
-    assert set(FILE_FIELDS) == {"data.name", "data.path", "data.download", "model.weights_file"}
+    assert set(FILE_FIELDS) == {"data.name", "data.path", "data.download", "data.test_path", "model.weights_file"}
     for field, values in (
         ("model.weights_file", ["/etc/shadow"]),
         ("data.path", ["/etc"]),
