@@ -160,10 +160,17 @@ def test_a_process_that_lost_its_run_writes_nothing_more_into_it(engine, tmp_pat
     sink = DbSink(engine, run.id, "w1", WorkerSettings(**FAST), run_dir=tmp_path, on_abandon=lambda why: gave_up.set())
     sink.metrics(1, 1, {"train/loss": 1.0})
     assert sink.flush(60)
-    with engine.begin() as c:  # w1 was too slow: the reaper marked it lost and w2 took it over
-        c.execute(update(Run).where(Run.id == run.id).values(heartbeat_at=utcnow() - timedelta(hours=1)))
-    assert mark_lost(engine, 60) == [run.id]
-    assert claim_run(engine, run.id, "w2").attempt == 2
+
+    def taken_over() -> bool:  # w1 was too slow: the reaper marked it lost and w2 took it over
+        with engine.begin() as c:
+            c.execute(update(Run).where(Run.id == run.id).values(heartbeat_at=utcnow() - timedelta(hours=1)))
+        # w1's heartbeat thread may beat between these statements and rightly bring its run back: try again
+        if mark_lost(engine, 60) != [run.id]:
+            return False
+        claimed = claim_run(engine, run.id, "w2")
+        return claimed is not None and claimed.attempt == 2
+
+    wait_for(taken_over, 60, "w2 never took the run over")
     assert gave_up.wait(60), "the sink did not notice that another worker owns the run"
     assert sink.should_stop() and "no longer owned" in sink.abandoned
     sink.metrics(2, 1, {"train/loss": 0.5})
