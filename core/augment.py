@@ -17,14 +17,15 @@ from core.spec_sections import AugmentSpec
 
 
 def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator, size: int | None = None) -> torch.Tensor:
-    """Float [0, 1] images at the stored side → augmented images of size × size (None: the stored side)."""
+    """uint8 or float [0, 1] images at the stored side → augmented float [0, 1] images of size × size (None: the
+    stored side). uint8 ones become floats after the crop: the smaller batch."""
     b, _, h, w = x.shape
     dev = x.device
     size = size or min(h, w)
     if aug.random_resized_crop:
         x = random_resized_crop(x, size, aug.rrc_scale, aug.rrc_ratio, gen)
     else:
-        x = centre_crop(_padded_crop(x, aug, gen), size)
+        x = as_float(centre_crop(_padded_crop(x, aug, gen), size))
     if aug.hflip:
         flip = torch.rand(b, generator=gen, device=dev) < 0.5
         x = torch.where(flip[:, None, None, None], x.flip(3), x)
@@ -40,6 +41,11 @@ def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator, size:
     if aug.random_erasing > 0:
         x = random_erasing(x, aug.random_erasing, gen)
     return x.contiguous()
+
+
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """Stored uint8 images as float [0, 1] (a new tensor); float ones as they are."""
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x
 
 
 def _padded_crop(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator) -> torch.Tensor:

@@ -4,8 +4,9 @@ its shard of every global batch (core/shards.py)."""
 
 from __future__ import annotations
 
-import os
+import queue
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,7 +15,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from core.balanced import BalancedSampler, balanced_order
+from core.cached_images import CachedImages
 from core.data import Split
+from core.decode import processes
 from core.shards import ShardSampler, shard_scale
 from core.spec_sections import LoaderSpec
 
@@ -102,6 +105,69 @@ class DeviceBatches(_Batches):
                 yield self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
 
 
+class GatherBatches(_Batches):
+    """A split held as uint8 on the host (in memory, or memory-mapped from the on-disk image cache) that the device
+    does not hold: each batch gathered by index in one copy, by a thread that keeps a few batches ready (pinned
+    for a non-blocking copy to CUDA); no per-image Python. Batches are those DeviceBatches would yield."""
+
+    AHEAD = 3
+
+    def __init__(self, split: Split, order: Order, loader: LoaderSpec):
+        super().__init__(split.labels, order)
+        self.images = split.images
+        self.pin = loader.pin_memory if loader.pin_memory is not None else order.device.type == "cuda"
+
+    def _indices(self) -> Iterator[torch.Tensor]:
+        n, b = self.samples, self.batch_size
+        gen = epoch_generator(self.seed, self.epoch, torch.device("cpu"))
+        order = self.permutation(gen) if self.shuffle else torch.arange(n)
+        if self.world > 1:
+            mine = order[self.rank :: self.world]
+            for k in range(len(self)):
+                yield mine[k * b : (k + 1) * b]
+        else:
+            for i in range(0, n, b):
+                yield order[i : i + b]
+
+    def _take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.images.take(idx) if isinstance(self.images, CachedImages) else self.images.index_select(0, idx)
+        y = self.labels[idx]
+        return (x.pin_memory(), y.pin_memory()) if self.pin else (x, y)
+
+    def _fill(self, ready: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for idx in self._indices():
+                if not put(self._take(idx)):
+                    return
+            put(None)
+        except BaseException as e:  # noqa: BLE001 - raised again in the training loop's thread
+            put(e)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ready: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        stop = threading.Event()
+        filler = threading.Thread(target=self._fill, args=(ready, stop), daemon=True, name="gather-batches")
+        filler.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                x, y = item
+                yield x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
+        finally:
+            stop.set()
+            filler.join()
+
+
 class _SplitDataset(Dataset):
     def __init__(self, split: Split):
         self.split = split
@@ -156,11 +222,8 @@ class HostBatches(_Batches):
 
 
 def default_num_workers(loader: LoaderSpec, split: Split) -> int:
-    if loader.num_workers is not None:
-        return loader.num_workers
-    if isinstance(split.images, torch.Tensor):
-        return 0  # already decoded in memory: worker processes would only add IPC
-    return max(1, min(4, (os.cpu_count() or 2) // 2))  # about half the cores
+    """Loader processes of images decoded per batch: loader.num_workers, else one per core (at most 16)."""
+    return processes(loader.num_workers)
 
 
 def make_batches(
@@ -175,11 +238,17 @@ def make_batches(
     balanced: bool = False,
 ):
     """Batches of `batch_size` (per rank: rank `rank`'s shard of every global batch when `world` > 1); `balanced`
-    (a shuffled split only): every class drawn equally often (train.sampler=balanced, core/balanced.py)."""
-    in_memory = isinstance(split.images, torch.Tensor)
-    # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
-    fits = in_memory and split.images.numel() * 4 <= loader.device_cache_mb * 2**20
+    (a shuffled split only): every class drawn equally often (train.sampler=balanced, core/balanced.py). A split in
+    memory that the device can hold (on the CPU: always) is sliced there; one held on the host for a GPU, or in
+    the on-disk image cache, is gathered a batch at a time (decoded images need no loader processes); files
+    decoded per batch go through a DataLoader of loader.num_workers processes."""
+    images = split.images
     order = Order(batch_size, shuffle, device, seed, rank, world, balanced)
-    if fits and loader.num_workers in (None, 0):
-        return DeviceBatches(split, order)
+    if isinstance(images, torch.Tensor):
+        # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
+        # on the CPU the split is where the model is already (device_cache_mb=0 still gathers per batch).
+        fits = images.numel() * 4 <= loader.device_cache_mb * 2**20 or (device.type == "cpu" and loader.device_cache_mb)
+        return DeviceBatches(split, order) if fits else GatherBatches(split, order, loader)
+    if isinstance(images, CachedImages):
+        return GatherBatches(split, order, loader)
     return HostBatches(split, order, loader)

@@ -50,6 +50,11 @@ class RunSpec(Section):
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and cuDNN determinism (slower).")
     device: Device = Field("auto", description="auto: CUDA when available, else CPU.")
     compile: bool = Field(False, description="torch.compile the model; helps fixed-shape models on GPU.")
+    channels_last: bool | None = Field(
+        None,
+        description="The channels_last memory format for the model and its input batches (faster convolutions "
+        "on tensor cores); none: on CUDA for models with convolutions.",
+    )
 
     @model_validator(mode="before")
     @classmethod

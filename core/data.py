@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from core import catalog
-from core.augment import augment_batch
+from core.augment import as_float, augment_batch
 from core.catalog import DatasetEntry
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
-from core.imagefolder import DataError, DataNotFoundError, LazyImages, load_imagefolder  # noqa: F401
+from core.imagefolder import DataError, DataNotFoundError, LazyImages, Reading, load_imagefolder  # noqa: F401
 from core.preprocess_ops import centre_crop, for_loader, input_size, plan_for, resize_batch, statistics
 from core.preprocess_ops import store as store_images
 from core.spec_sections import AugmentSpec, DataSpec, ModelSpec
@@ -126,10 +126,15 @@ def _torchvision(entry: DatasetEntry, spec: DataSpec, seed: int, train: bool = T
     )
 
 
-def _imagefolder(entry: DatasetEntry, spec: DataSpec, seed: int, **where: str | None) -> Loaded:
-    """`where`: load_imagefolder's part (a split folder) and mode, for a val/ or test/ part (core/splits.py)."""
+def _imagefolder(
+    entry: DatasetEntry, spec: DataSpec, seed: int, reading: Reading | None = None, **where: str | None
+) -> Loaded:
+    """`where`: load_imagefolder's part (a split folder) and mode, for a val/ or test/ part (core/splits.py);
+    `reading`: the decoding processes and the on-disk cache (data.disk_cache off: no cache)."""
     size, interpolation = spec.image_size or entry.size, spec.preprocess.interpolation or "bilinear"
-    return load_imagefolder(spec.path or "", size, spec.max_bad_fraction, spec.cache_mb, interpolation, **where)
+    reading = replace(reading or Reading(), disk_cache=spec.disk_cache and (reading or Reading()).disk_cache)
+    path = spec.path or ""
+    return load_imagefolder(path, size, spec.max_bad_fraction, spec.cache_mb, interpolation, reading=reading, **where)
 
 
 # One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
@@ -144,32 +149,34 @@ LOADERS: dict[str, Callable[[DatasetEntry, DataSpec, int], Loaded]] = {
 # --- split, statistics, resizing -----------------------------------------------------
 
 
-def _readers(entry: DatasetEntry, spec: DataSpec, seed: int, fit: Callable) -> Readers:
+def _readers(entry: DatasetEntry, spec: DataSpec, seed: int, fit: Callable, reading: Reading | None) -> Readers:
     """How core/splits.py reads a torchvision set's test split and an image folder's other parts: as the loader
     read the training split (`spec`: the loader's), then `fit` (stored size, data.limit)."""
     return Readers(
         official=lambda: _torchvision(entry, spec, seed, train=False),
         folder=lambda path, part, mode: _imagefolder(
-            entry, spec.model_copy(update={"path": path}), seed, part=part, mode=mode
+            entry, spec.model_copy(update={"path": path}), seed, reading, part=part, mode=mode
         ),
         fit=fit,
     )
 
 
-def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None) -> DataBundle:
+def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading: Reading | None = None) -> DataBundle:
     """Load, (optionally) limit, split and measure a registered dataset, preprocessed for `model` (the weights it
-    starts from decide the defaults: core/preprocessing.py)."""
+    starts from decide the defaults: core/preprocessing.py); an image folder decoded as `reading` says (its
+    processes, the on-disk cache, progress)."""
     entry = catalog.dataset(spec.name)
     plan = plan_for(spec, model)
     size = input_size(plan, entry, spec)
     loader_spec = for_loader(spec, plan, size)
-    images, labels, classes, skipped = LOADERS[entry.kind](entry, loader_spec, seed)
+    extra = {"reading": reading} if entry.kind == "folder" else {}
+    images, labels, classes, skipped = LOADERS[entry.kind](entry, loader_spec, seed, **extra)
 
     def fit(im, y):  # stored at the model's side, then data.limit: the loaded samples and a part read elsewhere
         return limited(store_images(im, plan, size, spec.cache_mb), y, spec.limit, seed)
 
     images, labels = fit(images, labels)
-    parts = make_splits(entry, spec, seed, (images, labels, classes), _readers(entry, loader_spec, seed, fit))
+    parts = make_splits(entry, spec, seed, (images, labels, classes), _readers(entry, loader_spec, seed, fit, reading))
     train, val, skipped = parts.train, parts.val, [*skipped, *parts.skipped]
     stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
     mean, std, preprocessing = statistics(plan, stats_src, size)
@@ -199,7 +206,7 @@ class Preprocess:
     """uint8 batch → float at the stored side, cropped to the input side (evaluation: the centre crop; training:
     the augmentation's crop) and normalised, all on the device."""
 
-    def __init__(self, info: DataInfo, augment: AugmentSpec | None, device: torch.device):
+    def __init__(self, info: DataInfo, augment: AugmentSpec | None, device: torch.device, *, channels_last=False):
         self.mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
         self.augment = augment
@@ -207,17 +214,19 @@ class Preprocess:
         # a run from before the preprocessing was recorded stored its images at the input side
         self.stored = int(info.preprocessing.get("resize", info.image_size))
         self.interpolation = str(info.preprocessing.get("interpolation", "bilinear"))
+        self.channels_last = channels_last  # the model's memory format (spec.channels_last)
 
     def output_numel(self, x: torch.Tensor) -> int:
         """Elements of this batch once preprocessed (for memory budgets)."""
         return x.shape[0] * x.shape[1] * self.size * self.size
 
     def __call__(self, x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
-        x = x.float().div_(255.0)
+        """A uint8 batch → this call's own normalised float batch (cropped before it becomes floats)."""
         if tuple(x.shape[-2:]) != (self.stored, self.stored):  # a set kept at its own side (core.preprocess_ops)
-            x = resize_batch(x, self.stored, self.interpolation)
+            x = resize_batch(as_float(x), self.stored, self.interpolation)
         if self.augment is not None and gen is not None:
             x = augment_batch(x, self.augment, gen, self.size)
         else:
-            x = centre_crop(x, self.size).contiguous()
-        return x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy
+            x = as_float(centre_crop(x, self.size).contiguous())
+        x = x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x

@@ -23,8 +23,9 @@ ADVICE = {
     "overfitting": "Training accuracy keeps rising while validation falls behind: add augmentation "
     "(random crop, flip), dropout or weight decay, use a smaller model or more data; "
     "early stopping keeps the best epoch.",
-    "data_bound": "Steps spend most of their time waiting for data, so the device idles: raise loader.num_workers, "
-    "cache the dataset on the device (loader.device_cache_mb), pre-resize images, avoid per-step host↔device copies.",
+    "data_bound": "Steps spend most of their time waiting for data, so the device idles: keep an image folder "
+    "decoded (data.disk_cache on; data.cache_mb large enough to hold it in memory), raise loader.num_workers where "
+    "images are decoded per batch, cache the dataset on the device (loader.device_cache_mb), pre-resize images.",
     "out_of_memory": "The device ran out of memory: lower train.batch_size (use train.accumulate to keep the "
     "effective batch), enable mixed precision (bf16/fp16), or model.gradient_checkpointing.",
     "class_imbalance": "Some classes have far fewer training samples than others: weight the loss "

@@ -8,18 +8,24 @@ unreadable images. Mixed grayscale/RGB/RGBA images are converted to one mode.
 from __future__ import annotations
 
 import io
-import warnings
+import math
+import tempfile
+import time
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
-from core.names import IMAGE_EXTENSIONS, MAX_IMAGE_PIXELS
+from core.cached_images import CachedImages
+from core.decode import GRAY_MODES, ImageTooLarge, Source, decode, decode_files, processes
+from core.image_cache import build, cache_root, entry_key, fingerprint
+from core.names import IMAGE_EXTENSIONS
 
 IMAGE_EXTS = frozenset(IMAGE_EXTENSIONS)
-GRAY_MODES = ("L", "1", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
-ALPHA_MODES = ("RGBA", "LA", "PA", "P", "La", "RGBa")
+__all__ = ["ImageTooLarge", "decode"]  # the decoding itself is core/decode.py's
 
 
 class DataError(ValueError):
@@ -34,102 +40,10 @@ def _is_hidden(parts: tuple[str, ...]) -> bool:
     return any(p.startswith(".") or p == "__MACOSX" for p in parts)
 
 
-class _Source:
-    """Reads member bytes from a folder or a zip; picklable for DataLoader workers."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.is_zip = root.is_file()
-        self._zf: zipfile.ZipFile | None = None
-
-    def __getstate__(self) -> dict:
-        return {"root": self.root, "is_zip": self.is_zip, "_zf": None}
-
-    def names(self) -> list[str]:
-        """Every member, folders included (with a trailing '/') so that empty class folders are seen."""
-        if self.is_zip:
-            return self._zip().namelist()
-        return [p.relative_to(self.root).as_posix() + ("/" if p.is_dir() else "") for p in self.root.rglob("*")]
-
-    def read(self, name: str) -> bytes:
-        if self.is_zip:
-            return self._zip().read(name)
-        return (self.root / name).read_bytes()
-
-    def _zip(self) -> zipfile.ZipFile:
-        if self._zf is None:
-            self._zf = zipfile.ZipFile(self.root)
-        return self._zf
-
-
-def _to_8bit(im):
-    """16-bit and float grayscale → 8-bit L by scaling; PIL's own convert('L') clips them to white."""
-    from PIL import Image
-
-    arr = np.asarray(im, dtype=np.float64)
-    if im.mode == "F":
-        arr = arr * 255.0 if arr.size and arr.max() <= 1.0 else arr
-    elif arr.size and arr.max() > 255:  # I;16 (and I holding 16-bit data): 0..65535
-        arr = arr / 257.0
-    return Image.fromarray(np.clip(arr.round(), 0, 255).astype(np.uint8), mode="L")
-
-
-class ImageTooLarge(ValueError):
-    """An image whose declared size is beyond MAX_IMAGE_PIXELS: never decoded."""
-
-
-def too_many_pixels(e: Exception) -> str:
-    """'225,000,000 pixels' from PIL's DecompressionBombError (raised before the size is known to us)."""
-    import re
-
-    found = re.search(r"\((\d+) pixels\)", str(e))
-    return f"{int(found[1]):,} pixels" if found else "too many pixels"
-
-
-def shorter_side(w: int, h: int, size: int) -> tuple[int, int]:
-    """(w, h) scaled so that the shorter side is `size`, the longer one truncated as torchvision's Resize does."""
-    return (size, max(size, int(size * h / w))) if w <= h else (max(size, int(size * w / h)), size)
-
-
-def centre_box(w: int, h: int, size: int) -> tuple[int, int, int, int]:
-    """PIL's crop box of the centred size × size square, offsets rounded as torchvision's center_crop does."""
-    left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
-    return left, top, left + size, top + size
-
-
-def _decode(data: bytes, mode: str, size: int, interpolation: str = "bilinear") -> np.ndarray:
-    """An image file as uint8 (C, size, size): its shorter side resized to `size` (aspect kept), centre-cropped."""
-    from PIL import Image
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below, with our own limit
-            im = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as e:  # over twice PIL's own limit: PIL refuses it while opening
-        raise ImageTooLarge(f"{too_many_pixels(e)}, more than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted") from None
-    with im:
-        w, h = im.size
-        if w * h > MAX_IMAGE_PIXELS:
-            raise ImageTooLarge(f"{w}×{h} pixels, more than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP accepted")
-        im.load()
-        if im.mode in ALPHA_MODES and mode == "RGB":
-            im = im.convert("RGBA")
-            bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # transparent → white
-            im = Image.alpha_composite(bg, im)
-        elif im.mode.startswith("I") or im.mode == "F":
-            im = _to_8bit(im)
-        im = im.convert(mode)
-        if im.size != (size, size):
-            w, h = shorter_side(*im.size, size)
-            im = im.resize((w, h), getattr(Image.Resampling, interpolation.upper())).crop(centre_box(w, h, size))
-        arr = np.array(im, dtype=np.uint8)  # a writable copy: torch refuses to share read-only buffers safely
-    return arr[None] if arr.ndim == 2 else np.ascontiguousarray(arr.transpose(2, 0, 1))
-
-
 class LazyImages:
     """Images decoded per item (large folders); indexable like a uint8 (N, C, H, W) tensor."""
 
-    def __init__(self, source: _Source, files: list[str], mode: str, size: int, interpolation: str = "bilinear"):
+    def __init__(self, source: Source, files: list[str], mode: str, size: int, interpolation: str = "bilinear"):
         self.source, self.files, self.mode, self.size = source, files, mode, size
         self.interpolation = interpolation
         self.shape = (len(files), 1 if mode == "L" else 3, size, size)
@@ -138,7 +52,7 @@ class LazyImages:
         return len(self.files)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(_decode(self.source.read(self.files[int(i)]), self.mode, self.size, self.interpolation))
+        return torch.from_numpy(decode(self.source.read(self.files[int(i)]), self.mode, self.size, self.interpolation))
 
     def subset(self, idx: np.ndarray) -> LazyImages:
         return LazyImages(self.source, [self.files[i] for i in idx], self.mode, self.size, self.interpolation)
@@ -193,7 +107,7 @@ def _in_part(entries: list[Entry], part: str | None, label: str) -> list[Entry]:
     return [(n, p[1:], d) for n, p, d in entries if p[0] == part and len(p) > 1]
 
 
-def _entries(source: _Source) -> list[Entry]:
+def _entries(source: Source) -> list[Entry]:
     entries = [(n, PurePosixPath(n).parts, n.endswith("/")) for n in source.names()]
     return _unwrap([e for e in entries if e[1] and not _is_hidden(e[1])])
 
@@ -203,7 +117,7 @@ def folder_parts(path: str) -> tuple[str, ...]:
     return _split_layout(_entries(_open(path)))
 
 
-def _class_files(source: _Source, label: str, part: str | None = None) -> dict[str, list[str]]:
+def _class_files(source: Source, label: str, part: str | None = None) -> dict[str, list[str]]:
     entries = _in_part(_entries(source), part, label)
     classes: dict[str, list[str]] = {}
     for name, p, is_dir in entries:
@@ -226,16 +140,16 @@ def _class_files(source: _Source, label: str, part: str | None = None) -> dict[s
     return {c: sorted(classes[c]) for c in sorted(classes)}
 
 
-def _open(path: str) -> _Source:
+def _open(path: str) -> Source:
     root = Path(path).expanduser()
     if not root.exists():
         raise DataNotFoundError(f"data.path not found: {root} (give a folder or a .zip with one sub-folder per class)")
     if root.is_file() and not zipfile.is_zipfile(root):
         raise DataError(f"data.path {root} is a file but not a zip archive; give a folder or a .zip of class folders")
-    return _Source(root)
+    return Source(root)
 
 
-def _choose_mode(source: _Source, files: list[str]) -> str:
+def _choose_mode(source: Source, files: list[str]) -> str:
     """Grayscale only when every image is; otherwise RGB (RGBA/P are composited on white)."""
     from PIL import Image
 
@@ -249,6 +163,18 @@ def _choose_mode(source: _Source, files: list[str]) -> str:
     return "L"
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How an image folder's files are decoded at load: `workers` processes (loader.num_workers; None: one per
+    core), through this machine's on-disk image cache (core/image_cache.py) unless `disk_cache` is off;
+    `progress(done, total)` while decoding, `report(message)` once it is done."""
+
+    workers: int | None = None
+    disk_cache: bool = True
+    progress: Callable[[int, int], None] | None = None
+    report: Callable[[str], None] | None = None
+
+
 def load_imagefolder(
     path: str,
     size: int,
@@ -258,31 +184,76 @@ def load_imagefolder(
     *,
     part: str | None = None,
     mode: str | None = None,
+    reading: Reading = Reading(),
 ):
-    """Return (images, labels, class_names, skipped_files). images is a uint8 tensor when it fits
-    in `cache_mb`, else a LazyImages that decodes per item (unreadable files already removed). A folder laid out
-    as train/ [val/] test/ is read from `part` (train when None); `mode` (L or RGB) imposes the training split's."""
+    """Return (images, labels, class_names, skipped_files). images is a uint8 tensor when it fits in `cache_mb`,
+    else a CachedImages read from the on-disk cache (a LazyImages that decodes per item when the cache is off);
+    unreadable files are found and left out at load. A folder laid out as train/ [val/] test/ is read from `part`
+    (train when None); `mode` (L or RGB) imposes the training split's."""
     source = _open(path)
     classes = _class_files(source, path if part is None else f"{path} ({part}/)", part)
     files = [f for c in classes for f in classes[c]]
-    labels_all = [i for i, c in enumerate(classes) for _ in classes[c]]
+    labels_all = np.asarray([i for i, c in enumerate(classes) for _ in classes[c]], dtype=np.int64)
     mode = mode or _choose_mode(source, files)
-    channels = 1 if mode == "L" else 3
-    eager = len(files) * channels * size * size <= cache_mb * 2**20
-    decoded, good, labels, skipped = [], [], [], []
-    for f, y in zip(files, labels_all, strict=True):
+    shape = (len(files), 1 if mode == "L" else 3, size, size)
+    fits = math.prod(shape) <= cache_mb * 2**20
+    started = time.perf_counter()
+    images, good, skipped, how = _read(source, files, (mode, size, interpolation), shape, fits, part, reading)
+    _check_readable(path, classes, files, labels_all[good], skipped, max_bad_fraction)
+    if reading.report is not None:
+        took = time.perf_counter() - started
+        reading.report(f"{len(files):,} images of {path}{f' ({part}/)' if part else ''} {how} in {took:.1f} s")
+    y = torch.as_tensor(labels_all[good], dtype=torch.int64)
+    return images, y, list(classes), skipped
+
+
+def _read(source: Source, files: list[str], how: tuple[str, int, str], shape: tuple, fits: bool, part, reading):
+    """(images, rows of the readable files, skipped files, how they were read: for the report)."""
+    workers = processes(reading.workers)
+    root = cache_root() if reading.disk_cache else None
+    if root is not None:
         try:
-            arr = _decode(source.read(f), mode, size, interpolation)  # each file decoded once: corrupt ones found now
-        except ImageTooLarge as e:
-            skipped.append(f"{f} ({e})")
-            continue
-        except Exception:  # noqa: BLE001 - a corrupt file is skipped and counted
-            skipped.append(f)
-            continue
-        if eager:
-            decoded.append(arr)
-        good.append(f)
-        labels.append(y)
+            return _through_cache(root, source, files, how, shape, fits, part, reading)
+        except OSError as e:  # a full disk, a read-only or foreign folder: the run goes on without it
+            if reading.report is not None:
+                reading.report(f"the image cache in {root} cannot be used ({e.__class__.__name__}: {e}); decoding anew")
+    if not fits:
+        bad, n = decode_files(source.root, files, how, None, workers, reading.progress)
+        good = np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64)
+        lazy = LazyImages(source, [files[i] for i in good], how[0], how[1], how[2])
+        return lazy, good, _why(files, bad), f"checked with {n} process(es), decoded per batch (image cache off)"
+    with tempfile.TemporaryDirectory() as d:  # the processes write into a file; read into memory once
+        out = Path(d) / "images.u8"
+        np.memmap(out, dtype=np.uint8, mode="w+", shape=shape).flush()
+        bad, n = decode_files(source.root, files, how, out, workers, reading.progress)
+        good = np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64)
+        images = torch.from_numpy(np.fromfile(out, dtype=np.uint8).reshape(shape)[good])
+        return images, good, _why(files, bad), f"decoded with {n} process(es)"
+
+
+def _through_cache(root: Path, source: Source, files, how, shape, fits: bool, part, reading):
+    """Read from this machine's image cache, built first when it lacks this data (core/image_cache.py)."""
+    key = entry_key(fingerprint(source.stats()), part or "train", *how)
+    describe = {"source": str(source.root.resolve()), "part": part or "train", "mode": how[0], "side": how[1]}
+    describe["interpolation"] = how[2]
+    used: list[int] = []
+
+    def fill(out: Path) -> tuple[np.ndarray, list[str]]:
+        bad, n = decode_files(source.root, files, how, out, processes(reading.workers), reading.progress)
+        used.append(n)
+        return np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64), _why(files, bad)
+
+    found = build(root, key, describe, shape, fill)
+    images = CachedImages(root / key / "images.u8", shape, found.good, how[0])
+    said = f"decoded with {used[0]} process(es) into" if used else "read from"
+    return (images.in_memory() if fits else images), found.good, found.skipped, f"{said} the image cache"
+
+
+def _why(files: list[str], bad: dict[int, str]) -> list[str]:
+    return [bad[i] for i in sorted(bad)]
+
+
+def _check_readable(path, classes, files, labels, skipped, max_bad_fraction) -> None:
     if files and len(skipped) / len(files) > max_bad_fraction:
         raise DataError(
             f"{path}: {len(skipped)} of {len(files)} images are unreadable "
@@ -294,6 +265,3 @@ def load_imagefolder(
         raise DataError(
             f"{path}: every image of class(es) {', '.join(lost)} is unreadable, e.g. {', '.join(skipped[:5])}"
         )
-    y = torch.as_tensor(labels, dtype=torch.int64)
-    images = torch.from_numpy(np.stack(decoded)) if eager else LazyImages(source, good, mode, size, interpolation)
-    return images, y, list(classes), skipped

@@ -381,3 +381,10 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return total, trainable
+
+
+def wants_channels_last(choice: bool | None, device: torch.device, model: nn.Module) -> bool:
+    """spec.channels_last, or by default: on CUDA for a model with convolutions."""
+    if choice is not None:
+        return choice
+    return device.type == "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())

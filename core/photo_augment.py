@@ -3,7 +3,8 @@ epoch's generator (core/augment.py calls them on float [0, 1] images on the devi
 
 - `random_resized_crop`: torchvision's RandomResizedCrop rule (area fraction, log-uniform aspect ratio, ten tries
   then the centre), the crops resized in one call of torchvision.ops.roi_align (adaptive sampling averages the
-  pixels of a shrunk box, like an antialiased resize).
+  pixels of a shrunk box, like an antialiased resize); uint8 images on the CPU, each by torchvision's uint8 kernel
+  before they become floats (cheaper there).
 - `auto_augment`: TrivialAugment (TrivialAugmentWide) or RandAugment with torchvision's own operations and
   magnitudes. A v2 transform called on a batch tensor draws one operation for the whole batch; here each sample
   draws its own operation, strength and sign, and the samples that drew the same are transformed together by
@@ -57,7 +58,8 @@ def random_resized_crop(
     x: torch.Tensor, size: int, scale: tuple[float, float], ratio: tuple[float, float], gen: torch.Generator
 ) -> torch.Tensor:
     """(B, C, H, W) → (B, C, size, size): per sample a box of area fraction in `scale` and aspect ratio in
-    `ratio` (torchvision's RandomResizedCrop.get_params, ten tries, else its centre fallback), resized bilinearly."""
+    `ratio` (torchvision's RandomResizedCrop.get_params, ten tries, else its centre fallback), resized bilinearly;
+    float [0, 1] out (uint8 images come in as they are stored)."""
     b, _, h, w = x.shape
     bh, bw, ok = _boxes(b, h, w, scale, ratio, gen)
     first, found = _first_fit(ok)
@@ -71,9 +73,24 @@ def random_resized_crop(
     bw = torch.where(found, bw, float(fw))
     top = torch.where(found, _place(bh, h, gen), float((h - fh) // 2))
     left = torch.where(found, _place(bw, w, gen), float((w - fw) // 2))
-    boxes = torch.stack([rows.to(x.dtype), left, top, left + bw, top + bh], 1).to(x.dtype)
+    if x.dtype == torch.uint8 and x.device.type == "cpu":
+        return _resized_crops_uint8(x, torch.stack([top, left, bh, bw], 1), size)
+    if x.dtype == torch.uint8:
+        x = x.float().div_(255.0)
+    boxes = torch.stack([rows.to(x.dtype), left.to(x.dtype), top.to(x.dtype), (left + bw).to(x.dtype)], 1)
+    boxes = torch.cat([boxes, (top + bh).to(x.dtype)[:, None]], 1)
     # aligned=True: box edges are pixel edges; sampling_ratio=-1: ceil(box / size) samples per output pixel
     return roi_align(x, boxes, output_size=(size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+
+
+def _resized_crops_uint8(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 images on the CPU: each box cropped and resized by torchvision's uint8 antialiased bilinear kernel (PIL's
+    algorithm, vectorised), before any float copy of the batch: about three times roi_align's speed on floats there
+    (benchmarks/bench_data.py). Returns float [0, 1]."""
+    out = torch.empty((x.shape[0], x.shape[1], size, size), dtype=torch.uint8)
+    for i, (top, left, h, w) in enumerate(boxes.long().tolist()):
+        out[i] = v2.functional.resized_crop(x[i], top, left, h, w, [size, size], antialias=True)
+    return out.float().div_(255.0)
 
 
 def random_erasing(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:

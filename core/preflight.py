@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from core import model_size, preprocessing, timm_models
+from core import catalog, decode, model_size, preprocessing, timm_models
 from core.data import DataBundle, Preprocess, Split
 
 
@@ -116,10 +116,17 @@ def overfit_one_batch(
     }
 
 
+PROCESS_BYTES = 256 * 2**20  # a decoding or loader process of an image folder (Python, NumPy, PIL and a share)
+
+
 def data_memory_bytes(spec) -> int | None:
     """Host memory the images of a generated dataset take before the first step (uint8, plus the float32
-    copy normalised once when it fits the device cache); None when only reading the dataset tells."""
+    copy normalised once when it fits the device cache); an image folder's decoding and loader processes; None
+    when only reading the dataset tells."""
     data = spec.data
+    if catalog.dataset(data.name).kind == "folder":
+        # its size is known once its files are listed; its decoding (and loader) processes are known now
+        return decode.processes(spec.loader.num_workers) * PROCESS_BYTES
     if data.name != "synthetic":
         return None
     try:  # pretrained weights' input size and resize (core/preprocessing.py); a checkpoint's is read at load
@@ -165,7 +172,8 @@ def check_memory(spec) -> None:
         raise MemoryError(
             f"the dataset needs about {need / 2**30:.1f} GB of memory and this host has "
             f"{have / 2**30:.1f} GB available: lower data.num_samples or data.size "
-            "(or loader.device_cache_mb, which keeps a float32 copy)"
+            "(or loader.device_cache_mb, which keeps a float32 copy; or loader.num_workers, the processes that "
+            "decode an image folder)"
         )
     where, free = training_memory(spec)
     e = model_size.estimate(spec, None if model_size.sized(spec.model.name) else timm_models.footprint(spec.model.name))

@@ -23,7 +23,8 @@ from core.diagnosis import Diagnoser
 from core.distributed import SOLO, CollectiveControl, Group, Ranks
 from core.engine import fit
 from core.events import Control, NullSink, Sink
-from core.models import Classifier, build_model, count_parameters, load_weights_file
+from core.imagefolder import Reading
+from core.models import Classifier, build_model, count_parameters, load_weights_file, wants_channels_last
 from core.names import CHECKPOINT_FILES
 from core.optim import AmpStep, Schedule, apply_transfer, build_optimizer
 from core.trainer import Trainer, steps_per_epoch
@@ -61,7 +62,7 @@ def build_trainer(
 ) -> Trainer:
     """Data, model, optimizer, schedule and loaders of one run; on several ranks, this rank's shard of every
     global batch (train.batch_size / world each) and the model wrapped in DDP."""
-    data = load_data(spec.data, spec.seed, spec.model)
+    data = load_data(spec.data, spec.seed, spec.model, _reading(spec, sink, ranks))
     _report_data(sink, data.info)
     model = _build_model(spec, data.info, device, sink)
     forward = ranks.wrap(model, torch.compile(model) if spec.compile and ranks.world == 1 else model)
@@ -98,6 +99,24 @@ def build_trainer(
     )
 
 
+def _reading(spec: RunSpec, sink: Sink, ranks: Ranks) -> Reading:
+    """An image folder's decoding at load: loader.num_workers processes (one per core by default), its progress
+    sent as an event at every quarter (rank 0 alone: the others read what it built, or decode alike)."""
+    said = [-1]
+
+    def progress(done: int, total: int) -> None:
+        quarter = 4 * done // max(total, 1)
+        if ranks.rank == 0 and quarter > said[0] and done < total:
+            said[0] = quarter
+            sink.event("data", "info", f"decoding images: {done:,} of {total:,} ({100 * done // total} %)")
+
+    def report(message: str) -> None:
+        if ranks.rank == 0:
+            sink.event("data", "info", message, {"code": "decoded"})
+
+    return Reading(workers=spec.loader.num_workers, progress=progress, report=report)
+
+
 def _report_data(sink: Sink, info: DataInfo) -> None:
     """The `data` event (the dataset's shape and split), and a warning for unreadable images it skipped."""
     sink.event(
@@ -128,6 +147,8 @@ def _build_model(spec: RunSpec, info: DataInfo, device: torch.device, sink: Sink
     if spec.model.weights_file:
         model.weights_report = load_weights_file(model, spec.model.weights_file, spec.model, info.class_names)
     model = model.to(device)
+    if wants_channels_last(spec.channels_last, device, model):
+        model = model.to(memory_format=torch.channels_last)
     _report_weights(sink, spec, model)
     apply_transfer(model, spec.model, 1)
     total, trainable = count_parameters(model)

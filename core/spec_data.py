@@ -100,7 +100,13 @@ class DataSpec(Section):
         2048,
         ge=0,
         le=262_144,
-        description="Decode images once into memory when they fit in this many MB; larger sets decode per item.",
+        description="imagefolder: keep the decoded images in memory when they fit in this many MB; larger sets "
+        "are served from the on-disk image cache (or decoded per batch when it is off).",
+    )
+    disk_cache: bool = Field(
+        True,
+        description="imagefolder: decode the images once into this machine's on-disk image cache "
+        "($TORCHDECK_IMAGE_CACHE, else image-cache/ in the data folder), reused by later epochs and runs.",
     )
 
     @model_validator(mode="after")

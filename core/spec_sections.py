@@ -274,7 +274,9 @@ class LoaderSpec(Section):
         None,
         ge=0,
         le=64,
-        description="Loader processes; none: half the CPU cores, at most 4 (0 when data is in memory).",
+        description="Processes that decode an image folder at load (and, with the image cache off, per batch); "
+        "none: one per CPU core, at most 16. Decoded images (in memory or in the image cache) are gathered a batch "
+        "at a time without loader processes unless this asks for some.",
     )
     pin_memory: bool | None = Field(None, description="Pinned host memory; none: on when training on CUDA.")
     device_cache_mb: int = Field(

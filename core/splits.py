@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from core.cached_images import CachedImages
 from core.catalog import DatasetEntry
 from core.imagefolder import DataError, LazyImages, folder_parts
 from core.spec_sections import DataSpec
 
-Images = torch.Tensor | LazyImages
+Images = torch.Tensor | LazyImages | CachedImages
 # What a loader returns: uint8 images (N, C, H, W) or lazily decoded files, labels, class names, skipped files.
 Loaded = tuple[Images, torch.Tensor, list[str], list[str]]
 # The test split's sources, as DataInfo.test_source records them ("none": the run has no test split).
@@ -127,7 +128,7 @@ def limited(images: Images, labels: torch.Tensor, limit: int | None, seed: int) 
 
 def _folder(read: Readers, images: Images, classes: list[str], where: tuple[str, str | None], what: str) -> Loaded:
     """A part (val/ or test/) of the training folder, or another folder, decoded like the training split."""
-    mode = images.mode if isinstance(images, LazyImages) else ("L" if images.shape[1] == 1 else "RGB")
+    mode = ("L" if images.shape[1] == 1 else "RGB") if isinstance(images, torch.Tensor) else images.mode
     got = read.folder(where[0], where[1], mode)
     same_classes(what, got[2], classes)
     return got

@@ -19,7 +19,7 @@ from core.diagnosis import Diagnoser
 from core.distributed import SOLO, Ranks
 from core.ema import WeightEma, build_ema
 from core.events import Control, Sink
-from core.models import Classifier
+from core.models import Classifier, wants_channels_last
 from core.names import grad_norm_key
 from core.optim import AmpStep, Schedule
 from core.spec_sections import TrainSpec
@@ -53,8 +53,9 @@ class Trainer:
 
     def __post_init__(self) -> None:
         aug = self.spec.data.augment
-        self.pre_train = Preprocess(self.data.info, aug if aug.active else None, self.device)
-        self.pre_val = Preprocess(self.data.info, None, self.device)
+        cl = wants_channels_last(self.spec.channels_last, self.device, self.model)
+        self.pre_train = Preprocess(self.data.info, aug if aug.active else None, self.device, channels_last=cl)
+        self.pre_val = Preprocess(self.data.info, None, self.device, channels_last=cl)
         self.ema = build_ema(self.spec.train.ema, self.model)
         self.groups = self.model.param_groups_by_stage()
         # with no augmentation, a device-resident split is normalised once, not every step.

@@ -1,5 +1,5 @@
 """Datasets: upload an ImageFolder zip (checked, stored under $TORCHDECK_HOME/datasets), preview it,
-and see the built-in datasets."""
+see the built-in datasets, and this machine's image cache (app/ui/image_cache_view.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from app.present import figures
 from app.present import text as f
 from app.services import datasets as ds
 from app.services.owners import owner_labels
-from app.ui import frame, queries
+from app.ui import frame, image_cache_view, queries
 
 K = frame.page_state("ds")
 
@@ -226,6 +226,7 @@ def main() -> None:
         chosen = st.selectbox("Preview", names, key=K("pick"))
         preview(next(d for d in records if d.name == chosen))
     builtin_section()
+    image_cache_view.section()
 
 
 main()

@@ -55,6 +55,7 @@ LABELS: dict[str, str] = {
     "data.noise": "Noise",
     "data.max_bad_fraction": "Unreadable images allowed (fraction)",
     "data.cache_mb": "Decode into memory up to",
+    "data.disk_cache": "Keep decoded images in this machine's image cache",
     "model.name": "Model",
     "model.pretrained": "Start from pretrained weights",
     "model.weights_file": "Start from a weights file",
@@ -129,6 +130,7 @@ LABELS: dict[str, str] = {
     "deterministic": "Deterministic algorithms (slower)",
     "device": "Device",
     "compile": "torch.compile the model",
+    "channels_last": "channels_last memory format",
 }
 
 UNITS: dict[str, str] = {
@@ -149,6 +151,7 @@ _ADVANCED: frozenset[str] = frozenset(
     {
         "data.max_bad_fraction",
         "data.cache_mb",
+        "data.disk_cache",
         "data.normalize",
         "data.preprocess.mean",
         "data.preprocess.std",
@@ -174,6 +177,7 @@ _ADVANCED: frozenset[str] = frozenset(
         "export.opset",
         "deterministic",
         "compile",
+        "channels_last",
         # Most runs use one GPU; more asks for a worker owning that many (torchdeck worker --gpus ... --multi-gpu).
         "resources.gpus",
     }
@@ -239,6 +243,7 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
         v.get("data.name") in catalog.datasets_of("folder") and v.get("data.test_split") in ("auto", "path")
     ),
     "data.cache_mb": _is("data.name", *catalog.datasets_of("folder")),
+    "data.disk_cache": _is("data.name", *catalog.datasets_of("folder")),
     "model.hidden": _is("model.name", *catalog.HIDDEN_MODELS),
     "model.pretrained": _has_weights,
     "model.transfer": _transferring,

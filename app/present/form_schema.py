@@ -54,6 +54,7 @@ _GROUP_RULES: tuple[tuple[str, str], ...] = (
     ("resources.", "Resources"),
     ("device", "Resources"),
     ("compile", "Resources"),
+    ("channels_last", "Resources"),
 )
 # The catalog's names (core/catalog.py), validated by a field_validator (the annotation is a plain str).
 _REGISTRIES: dict[str, tuple[str, ...]] = {"data.name": DATASET_NAMES, "model.name": MODEL_NAMES}

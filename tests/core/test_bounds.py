@@ -279,6 +279,20 @@ def test_check_memory_counts_the_float_copy_the_device_cache_keeps(monkeypatch):
         preflight.check_memory(cached)
 
 
+def test_check_memory_counts_an_image_folders_decoding_processes(monkeypatch, tmp_path):
+    from core import preflight
+
+    def spec(workers: int) -> RunSpec:
+        data = {"name": "imagefolder", "path": str(tmp_path)}
+        return RunSpec.from_dict({"data": data, "loader": {"num_workers": workers}})
+
+    assert preflight.data_memory_bytes(spec(8)) == 4 * preflight.data_memory_bytes(spec(2)) > 0
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 2 << 30)  # 2 GB free
+    preflight.check_memory(spec(2))
+    with pytest.raises(MemoryError, match="loader.num_workers"):
+        preflight.check_memory(spec(16))
+
+
 def test_this_hosts_available_memory_is_read():
     from core.preflight import available_memory_bytes
 
@@ -339,7 +353,8 @@ def big_png() -> bytes:
 def test_decode_refuses_a_big_image_naming_its_size(big_png):
     import warnings
 
-    from core.imagefolder import ImageTooLarge, _decode
+    from core.decode import ImageTooLarge
+    from core.decode import decode as _decode
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nor a DecompressionBombWarning on the way
@@ -359,7 +374,8 @@ def _image_folder(root: Path, huge: bytes) -> Path:
 
 
 def test_decode_refuses_a_huge_image_by_its_header(huge_png):
-    from core.imagefolder import ImageTooLarge, _decode
+    from core.decode import ImageTooLarge
+    from core.decode import decode as _decode
     from core.names import MAX_IMAGE_PIXELS
 
     tracemalloc.start()

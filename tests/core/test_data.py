@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from core.batches import DeviceBatches, HostBatches, make_batches
+from core.batches import DeviceBatches, GatherBatches, HostBatches, make_batches
+from core.cached_images import CachedImages
 from core.data import DataError, Preprocess, Split, load_data, stratified_split
 from core.imagefolder import LazyImages
 from core.spec_sections import AugmentSpec, DataSpec, LoaderSpec
@@ -242,10 +243,10 @@ def _order(batches, epoch: int) -> list[int]:
     return [int(v) for _, y in _epoch(batches, epoch) for v in y]
 
 
-@pytest.mark.parametrize("device_cache_mb", [1024, 0], ids=["DeviceBatches", "HostBatches"])
+@pytest.mark.parametrize("device_cache_mb", [1024, 0], ids=["DeviceBatches", "GatherBatches"])
 def test_train_shuffles_per_epoch_reproducibly_and_val_keeps_order(device_cache_mb):
     loader = LoaderSpec(device_cache_mb=device_cache_mb)
-    kind = DeviceBatches if device_cache_mb else HostBatches
+    kind = DeviceBatches if device_cache_mb else GatherBatches
     train = make_batches(_indexed_split(), 8, True, CPU, 11, loader)
     val = make_batches(_indexed_split(), 8, False, CPU, 11, loader)
     assert isinstance(train, kind) and isinstance(val, kind)
@@ -268,15 +269,45 @@ def test_small_datasets_live_on_the_device_once():
         assert x.untyped_storage().data_ptr() == base and x.dtype == torch.uint8
     got = torch.cat([y for _, y in val])
     assert torch.equal(got, b.val.labels)
-    # asking for loader workers, or a device cache too small, falls back to a DataLoader
-    assert isinstance(make_batches(b.val, 64, False, CPU, 0, LoaderSpec(num_workers=2)), HostBatches)
-    assert isinstance(make_batches(b.val, 64, False, CPU, 0, LoaderSpec(device_cache_mb=0)), HostBatches)
+    # decoded images need no loader processes; a device cache too small gathers each batch by index
+    assert isinstance(make_batches(b.val, 64, False, CPU, 0, LoaderSpec(num_workers=2)), DeviceBatches)
+    assert isinstance(make_batches(b.val, 64, False, CPU, 0, LoaderSpec(device_cache_mb=0)), GatherBatches)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_gathered_batches_are_the_sliced_ones_every_rank_and_epoch(world):
+    """A split the device cannot hold is gathered by index on the host: the same batches, shards and order."""
+    split = Split(
+        torch.arange(50, dtype=torch.uint8).view(50, 1, 1, 1).expand(50, 1, 2, 2).contiguous(), torch.arange(50)
+    )
+    for rank in range(world):
+        sliced = make_batches(split, 4, True, CPU, 5, LoaderSpec(), rank, world)
+        gathered = make_batches(split, 4, True, CPU, 5, LoaderSpec(device_cache_mb=0), rank, world)
+        assert isinstance(sliced, DeviceBatches) and isinstance(gathered, GatherBatches)
+        assert len(sliced) == len(gathered)
+        for epoch in (1, 2):
+            a, b = _epoch(sliced, epoch), _epoch(gathered, epoch)
+            assert len(a) == len(b) == len(sliced)
+            for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_loop_that_stops_early_leaves_no_gathering_thread_behind():
+    import threading
+
+    split = Split(torch.zeros(400, 1, 2, 2, dtype=torch.uint8), torch.arange(400))
+    batches = make_batches(split, 4, True, CPU, 0, LoaderSpec(device_cache_mb=0))
+    for _ in range(3):
+        it = iter(batches)
+        next(it)
+        it.close()  # a cancelled run leaves its epoch after one batch
+    assert not [t for t in threading.enumerate() if t.name == "gather-batches"]
 
 
 def test_lazy_imagefolder_loads_in_a_spawned_worker_like_in_process(tmp_path):
     root = _tree(tmp_path / "pets", {"cat": RED, "dog": BLUE, "fox": GREEN}, n=4)
-    b = load_data(_folder(root, cache_mb=0), seed=0)
-    assert isinstance(b.train.images, LazyImages)  # too big for a 0 MB cache: decoded per item
+    b = load_data(_folder(root, cache_mb=0, disk_cache=False), seed=0)
+    assert isinstance(b.train.images, LazyImages)  # too big for memory, no image cache: decoded per item
     auto = make_batches(b.train, 3, True, CPU, 0, LoaderSpec())
     assert isinstance(auto, HostBatches) and auto.num_workers >= 1  # lazy data gets workers
     in_proc = make_batches(b.train, 3, True, CPU, 0, LoaderSpec(num_workers=0))
@@ -312,10 +343,12 @@ def test_imagefolder_from_a_zip_equals_the_folder(tmp_path, wrap):
     assert torch.equal(from_zip.val.labels, from_dir.val.labels)
 
 
-def test_lazy_and_eager_image_folders_agree(tmp_path):
+@pytest.mark.parametrize("disk_cache", [True, False], ids=["image_cache", "per_item"])
+def test_lazy_and_eager_image_folders_agree(tmp_path, disk_cache):
     root = _tree(tmp_path / "pets", {"cat": RED, "dog": BLUE})
-    eager, lazy = load_data(_folder(root), seed=0), load_data(_folder(root, cache_mb=0), seed=0)
-    assert isinstance(eager.train.images, torch.Tensor) and isinstance(lazy.train.images, LazyImages)
+    eager, lazy = load_data(_folder(root), seed=0), load_data(_folder(root, cache_mb=0, disk_cache=disk_cache), seed=0)
+    kind = CachedImages if disk_cache else LazyImages
+    assert isinstance(eager.train.images, torch.Tensor) and isinstance(lazy.train.images, kind)
     assert torch.equal(torch.stack([lazy.train.images[i] for i in range(len(lazy.train))]), eager.train.images)
     assert eager.info.mean == pytest.approx(lazy.info.mean) and eager.info.channels == lazy.info.channels
 

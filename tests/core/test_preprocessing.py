@@ -20,9 +20,9 @@ from core.catalog import IMAGENET_MEAN, IMAGENET_STD, MODELS
 from core.checkpoint import load_checkpoint
 from core.config import RunSpec
 from core.data import DataError, LazyImages, Preprocess, load_data
+from core.decode import decode as _decode
 from core.events import MemorySink
 from core.export_report import export_meta
-from core.imagefolder import _decode
 from core.models import build_model
 from core.spec_sections import DataSpec, ModelSpec
 from core.train import export_run, run_training
@@ -87,15 +87,19 @@ def planted(tmp_path, monkeypatch) -> Path:
 # --- aspect kept --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cache_mb", [2048, 0], ids=["in_memory", "per_item"])
-def test_a_640x480_photo_keeps_its_aspect_a_circle_stays_a_circle(tmp_path, cache_mb):
+@pytest.mark.parametrize(
+    "cache_mb,disk_cache", [(2048, True), (0, True), (0, False)], ids=["in_memory", "image_cache", "per_item"]
+)
+def test_a_640x480_photo_keeps_its_aspect_a_circle_stays_a_circle(tmp_path, cache_mb, disk_cache):
     root = tmp_path / "shapes"
     for label in ("a", "b"):
         (root / label).mkdir(parents=True)
         for i in range(3):
             _disc(root / label / f"{i}.png", 640, 480, radius=200)
-    b = load_data(DataSpec(name="imagefolder", path=str(root), image_size=48, cache_mb=cache_mb), seed=0)
-    assert isinstance(b.train.images, LazyImages) == (cache_mb == 0)
+    spec = DataSpec(name="imagefolder", path=str(root), image_size=48, cache_mb=cache_mb, disk_cache=disk_cache)
+    b = load_data(spec, seed=0)
+    assert isinstance(b.train.images, torch.Tensor) == (cache_mb > 0)
+    assert isinstance(b.train.images, LazyImages) == (not disk_cache)
     img = b.train.images[0].numpy()
     assert img.shape == (3, 48, 48)
     w, h, cx, cy = _extent(img[0] > 128)

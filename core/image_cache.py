@@ -1,0 +1,213 @@
+"""The on-disk image cache: an image folder decoded and resized once, kept as one memory-mapped uint8 array per
+(dataset content, part, mode, side, interpolation), shared by every run on this machine.
+
+Where: `$TORCHDECK_IMAGE_CACHE` (`off` turns it off), else `image-cache/` in the data folder (`$TORCHDECK_HOME`,
+default `./.torchdeck`). An entry is a folder named by its key, holding `images.u8` (N × C × side × side bytes,
+row i the i-th file of the listing; an unreadable file's row stays zero) and `meta.json` (written last: an entry
+without it is unfinished and never read). The key hashes the files' names, sizes and modification times (a zip:
+its members' names, sizes and CRCs), so changed data gets a new entry and a run of other data never reads this
+one; building an entry removes the older entries of the same folder and part. One builder at a time per key (a
+lock file): a second run waits for it and reads what it built.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CACHE_ENV = "TORCHDECK_IMAGE_CACHE"
+FORMAT = 1  # bump when the decoding changes what is stored
+_META, _IMAGES, _LOCK = "meta.json", "images.u8", ".lock"
+
+
+def cache_root() -> Path | None:
+    """The cache's folder on this machine; None when `$TORCHDECK_IMAGE_CACHE` is `off`."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    if chosen.lower() in ("off", "0", "none", "false"):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("TORCHDECK_HOME") or ".torchdeck").expanduser() / "image-cache"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One finished entry, as the Datasets page and `torchdeck cache` list it."""
+
+    key: str
+    folder: Path
+    source: str  # the dataset's path
+    part: str  # train, val, test (a folder of classes: train)
+    mode: str  # L or RGB
+    side: int
+    images: int  # readable images stored
+    files: int  # files listed (unreadable ones included)
+    bytes: int  # on disk
+    created: float  # Unix time
+    last_used: float
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+def fingerprint(stats: list[tuple[str, int, int]]) -> str:
+    """A hash of (name, size, mtime or CRC) for every file: what the data is, not where it lies."""
+    h = hashlib.sha256()
+    for name, size, stamp in stats:
+        h.update(f"{name}\0{size}\0{stamp}\n".encode())
+    return h.hexdigest()
+
+
+def entry_key(content: str, part: str, mode: str, side: int, interpolation: str) -> str:
+    recipe = f"{FORMAT}|{content}|{part}|{mode}|{side}|{interpolation}"
+    return hashlib.sha256(recipe.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Found:
+    """A finished entry read back: its array (memory-mapped) and the rows of readable images, in file order."""
+
+    images: np.ndarray  # uint8 (files, C, side, side), memory-mapped read-only
+    good: np.ndarray  # int64 rows of the readable files
+    skipped: list[str]  # the unreadable files, with why
+
+
+def _meta(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / _META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _open(folder: Path, meta: dict) -> Found:
+    shape = tuple(meta["shape"])
+    arr = np.memmap(folder / _IMAGES, dtype=np.uint8, mode="r", shape=shape) if shape[0] else np.zeros(shape, np.uint8)
+    return Found(arr, np.asarray(meta["good"], dtype=np.int64), list(meta["skipped"]))
+
+
+def _touch(folder: Path) -> None:
+    try:
+        os.utime(folder / _META)  # last used: the Datasets page lists entries by it
+    except OSError:
+        pass
+
+
+@contextmanager
+def _locked(root: Path, key: str) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}{_LOCK}", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def lookup(root: Path, key: str) -> Found | None:
+    """A finished entry, or None."""
+    folder = root / key
+    meta = _meta(folder)
+    if meta is None or not (folder / _IMAGES).exists() and meta["shape"][0]:
+        return None
+    _touch(folder)
+    return _open(folder, meta)
+
+
+def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) -> Found:
+    """The entry `key`, built by `fill(path)` unless a finished one is there (another run may be building it: this
+    waits for it). `fill` writes every row of the sized uint8 file at `path` (`shape`) and returns (rows of the
+    readable files, the unreadable files with why); `describe` (source, part, mode, side, interpolation) goes into
+    meta.json."""
+    with _locked(root, key):
+        found = lookup(root, key)
+        if found is not None:
+            return found
+        tmp = root / f"{key}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            if shape[0]:
+                np.memmap(tmp / _IMAGES, dtype=np.uint8, mode="w+", shape=shape).flush()  # sized, zero-filled
+                good, skipped = fill(tmp / _IMAGES)
+            else:
+                good, skipped = np.zeros(0, np.int64), []
+            meta = {
+                **describe,
+                "key": key,
+                "shape": list(shape),
+                "good": [int(i) for i in good],
+                "skipped": skipped,
+                "created": time.time(),
+            }
+            (tmp / _META).write_text(json.dumps(meta))
+            shutil.rmtree(root / key, ignore_errors=True)
+            tmp.rename(root / key)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _forget_older(root, key, describe)
+        return _open(root / key, meta)
+
+
+def _forget_older(root: Path, key: str, describe: dict) -> None:
+    """The entries of the same folder and part at the same side and mode, built from data that has changed since."""
+    same = ("source", "part", "mode", "side", "interpolation")
+    for e in list_entries(root):
+        if e.key != key and (meta := _meta(e.folder)) and all(meta.get(k) == describe.get(k) for k in same):
+            shutil.rmtree(e.folder, ignore_errors=True)
+
+
+def list_entries(root: Path | None = None) -> list[CacheEntry]:
+    """The finished entries, the most recently used first."""
+    root = cache_root() if root is None else root
+    if root is None or not root.is_dir():
+        return []
+    out = []
+    for folder in root.iterdir():
+        meta = _meta(folder) if folder.is_dir() and ".building-" not in folder.name else None
+        if meta is None:
+            continue
+        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        out.append(
+            CacheEntry(
+                key=folder.name,
+                folder=folder,
+                source=str(meta.get("source", "")),
+                part=str(meta.get("part", "train")),
+                mode=str(meta.get("mode", "")),
+                side=int(meta.get("side", 0)),
+                images=len(meta.get("good", [])),
+                files=int(meta.get("shape", [0])[0]),
+                bytes=size,
+                created=float(meta.get("created", 0.0)),
+                last_used=(folder / _META).stat().st_mtime,
+            )
+        )
+    return sorted(out, key=lambda e: e.last_used, reverse=True)
+
+
+def remove_entry(key: str, root: Path | None = None) -> int:
+    """Remove one entry (a run reading it keeps its open file until it ends); the bytes freed. KeyError when no
+    finished entry has that key."""
+    root = cache_root() if root is None else root
+    found = [e for e in list_entries(root) if e.key == key] if root is not None else []
+    if not found:
+        raise KeyError(f"no image cache entry {key!r}")
+    shutil.rmtree(found[0].folder, ignore_errors=True)
+    (found[0].folder.parent / f"{key}{_LOCK}").unlink(missing_ok=True)
+    return found[0].bytes
+
+
+def clear(root: Path | None = None) -> int:
+    """Remove every finished entry; the bytes freed."""
+    return sum(remove_entry(e.key, root) for e in list_entries(root))
