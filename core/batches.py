@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from core.balanced import BalancedSampler, balanced_order
-from core.cached_images import CachedImages
+from core.cached_images import CachedImages, take_rows
 from core.data import Split
 from core.decode import processes
 from core.shards import ShardSampler, shard_scale
@@ -94,12 +94,12 @@ class DeviceBatches(_Batches):
             mine = order[self.rank :: self.world].to(self.device)
             for k in range(len(self)):
                 idx = mine[k * self.batch_size : (k + 1) * self.batch_size]
-                yield self.x[idx], self.y[idx]
+                yield take_rows(self.x, idx), self.y[idx]
         elif self.shuffle:  # only the training split is shuffled
             order = self.permutation(epoch_generator(self.seed, self.epoch, torch.device("cpu"))).to(self.device)
             for i in range(0, n, self.batch_size):
                 idx = order[i : i + self.batch_size]
-                yield self.x[idx], self.y[idx]
+                yield take_rows(self.x, idx), self.y[idx]
         else:
             for i in range(0, n, self.batch_size):
                 yield self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
@@ -130,7 +130,7 @@ class GatherBatches(_Batches):
                 yield order[i : i + b]
 
     def _take(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.images.take(idx) if isinstance(self.images, CachedImages) else self.images.index_select(0, idx)
+        x = self.images.take(idx) if isinstance(self.images, CachedImages) else take_rows(self.images, idx)
         y = self.labels[idx]
         return (x.pin_memory(), y.pin_memory()) if self.pin else (x, y)
 

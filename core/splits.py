@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.cached_images import CachedImages
+from core.cached_images import CachedImages, take_rows
 from core.catalog import DatasetEntry
 from core.imagefolder import DataError, LazyImages, folder_parts
 from core.spec_sections import DataSpec
@@ -48,7 +48,7 @@ class Splits:
 
 def subset(images: Images, labels: torch.Tensor, idx: np.ndarray) -> Split:
     t = torch.as_tensor(idx, dtype=torch.int64)
-    return Split(images[t] if isinstance(images, torch.Tensor) else images.subset(idx), labels[t])
+    return Split(take_rows(images, t) if isinstance(images, torch.Tensor) else images.subset(idx), labels[t])
 
 
 def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
