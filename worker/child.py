@@ -118,26 +118,79 @@ def sample_system(proc) -> dict[str, float]:
 
 
 def gpu_metrics() -> dict[str, float]:
-    """Per visible GPU via NVML (nvidia-ml-py); nothing on machines without one."""
+    """Per GPU this process sees (CUDA_VISIBLE_DEVICES, in CUDA's order) via NVML (nvidia-ml-py); nothing on
+    machines without one. A figure NVML does not give for a device (a MIG slice's utilisation) is left out."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
+        handles = nvml_handles(pynvml, os.environ.get("CUDA_VISIBLE_DEVICES"))
     except Exception:  # noqa: BLE001 - no driver, no GPU: no GPU metrics
         return {}
     out: dict[str, float] = {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = (
-        [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(pynvml.nvmlDeviceGetCount())
-    )
-    for n, i in enumerate(indices):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        util = pynvml.nvmlDeviceGetUtilizationRates(h)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-        out[gpu_key(n, "util")] = float(util.gpu)
-        out[gpu_key(n, "mem_mb")] = mem.used / 2**20
-        out[gpu_key(n, "temp_c")] = float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+    for n, h in enumerate(handles):
+        reads = {
+            "util": lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+            "mem_mb": lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+            "temp_c": lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        }
+        for what, read in reads.items():
+            try:
+                out[gpu_key(n, what)] = float(read())
+            except Exception:  # noqa: BLE001 - not supported on this device
+                continue
     return out
+
+
+def visible_devices(value: str | None) -> list[int | str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: None when unset (every GPU), else its entries up to the first that is
+    neither an index nor a GPU-/MIG- UUID (CUDA ignores the rest: `-1` hides every GPU, as `` does)."""
+    if value is None:
+        return None
+    out: list[int | str] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.isdigit():
+            out.append(int(entry))
+        elif entry.startswith(("GPU-", "MIG-")):
+            out.append(entry)
+        else:
+            break
+    return out
+
+
+def nvml_handles(nvml, visible: str | None) -> list:
+    """The NVML handles of the GPUs CUDA shows a process with this CUDA_VISIBLE_DEVICES, in CUDA's order: an index
+    is NVML's (workers number CUDA's devices by PCI bus, as NVML does: CUDA_DEVICE_ORDER below), a UUID (whole, or a
+    GPU's unique prefix, as CUDA takes it) is looked up by UUID. CUDA stops at an entry it cannot find: so does this."""
+    entries = visible_devices(visible)
+    count = nvml.nvmlDeviceGetCount()
+    if entries is None:
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    out = []
+    for e in entries:
+        try:
+            out.append(nvml.nvmlDeviceGetHandleByIndex(e) if isinstance(e, int) else _handle_by_uuid(nvml, e, count))
+        except Exception:  # noqa: BLE001 - no such GPU here
+            break
+    return out
+
+
+def _handle_by_uuid(nvml, uuid: str, count: int):
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:  # noqa: BLE001 - not a whole UUID: CUDA also takes a prefix that names one GPU
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]  # str (bytes from older nvidia-ml-py)
+        found = [h for h, u in zip(handles, uuids) if (u.decode() if isinstance(u, bytes) else u).startswith(uuid)]
+        if len(found) != 1:
+            raise LookupError(f"{uuid} names {len(found)} GPUs here") from None
+        return found[0]
+
+
+# CUDA numbers GPUs fastest first unless told otherwise, NVML (and `torchdeck worker --gpus`) by PCI bus: every worker
+# process imports this module (worker.tasks) before any CUDA use, and its run processes inherit this, so a worker's
+# CUDA_VISIBLE_DEVICES=1 is NVML's GPU 1 for CUDA too.
+os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 # Exit code of a run process that gave its run up because another worker owns it now, or it was
