@@ -33,11 +33,11 @@ median with min and max. Also the decoders alone, one thread: ms per 640×480 JP
 PIL, PIL after Image.draft (no gain here: its next scale, 1/2, would be under 256 px) and torchvision.io.decode_jpeg
 + v2.functional.resize.
 
-Measured here (2 cores, the test suite or other work running beside it, --images 5000 --repeats 1, workers 2):
-imagefolder_vs_torchvision_cached_epoch 2.18 (264 against 122 images/s; from the on-disk cache 2.20),
-imagefolder_vs_torchvision_first_epoch 0.64 (start-up 33 s: the 5,000 JPEGs decoded by 2 processes at about 13 ms
-each under that load; 5 s for a second run reading the cache), decode_ms_torchvision 2.67 against decode_ms_pil
-5.39. The first-epoch target (≥ 1.0) is not met here.
+Measured here (2 cores, a quiet machine, --images 5000 --repeats 2, workers 2), in two runs:
+imagefolder_vs_torchvision_cached_epoch 3.24 and 3.35; imagefolder_vs_torchvision_first_epoch 0.98 and 1.02 (per
+repeat 0.90 to 1.14: the first-epoch target is at the edge here, both sides bound by the same two cores); start-up
+about 10 s (the 5,000 JPEGs decoded by 2 threads at about 2 ms each, the set read into memory), about 2.5 s for a
+second run reading the cache; decode_ms_torchvision 2.05 against decode_ms_pil 4.48.
 
 Last lines: imagefolder_vs_torchvision_first_epoch= (target ≥ 1.0, start-up included) and
 imagefolder_vs_torchvision_cached_epoch= (target ≥ 2.0): medians of the per-repeat ratios of images/s.

@@ -16,19 +16,29 @@ from core.preprocess_ops import centre_crop
 from core.spec_sections import AugmentSpec
 
 
-def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator, size: int | None = None) -> torch.Tensor:
+def augment_batch(
+    x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator, size: int | None = None, *, uint8_out: bool = False
+) -> torch.Tensor:
     """uint8 or float [0, 1] images at the stored side → augmented float [0, 1] images of size × size (None: the
-    stored side). uint8 ones become floats after the crop: the smaller batch."""
+    stored side). uint8 ones stay uint8 through the crop and the flip (the smaller batch; on the CPU the crops are
+    resized in uint8) and become floats before the first operation that needs them; `uint8_out`: returned as uint8
+    when none did (the caller normalises them in one pass)."""
     b, _, h, w = x.shape
     dev = x.device
     size = size or min(h, w)
     if aug.random_resized_crop:
         x = random_resized_crop(x, size, aug.rrc_scale, aug.rrc_ratio, gen)
     else:
-        x = as_float(centre_crop(_padded_crop(x, aug, gen), size))
+        x = centre_crop(_padded_crop(x, aug, gen), size)
     if aug.hflip:
         flip = torch.rand(b, generator=gen, device=dev) < 0.5
-        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        if aug.random_resized_crop and dev.type == "cpu":  # the crops are this call's own: flipped where they lie
+            for i in flip.nonzero().flatten().tolist():
+                x[i] = x[i].flip(2)
+        else:
+            x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    if aug.policy != "none" or aug.color_jitter > 0 or aug.random_erasing > 0:
+        x = as_float(x)
     if aug.policy != "none":
         x = auto_augment(x, aug, gen)
     if aug.color_jitter > 0:
@@ -40,7 +50,7 @@ def augment_batch(x: torch.Tensor, aug: AugmentSpec, gen: torch.Generator, size:
         x = ((x - m) * contrast + m).clamp(0, 1)
     if aug.random_erasing > 0:
         x = random_erasing(x, aug.random_erasing, gen)
-    return x.contiguous()
+    return x.contiguous() if uint8_out else as_float(x).contiguous()
 
 
 def as_float(x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from core import catalog
 from core.augment import as_float, augment_batch
+from core.cached_images import CachedImages
 from core.catalog import DatasetEntry
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
@@ -130,11 +131,12 @@ def _imagefolder(
     entry: DatasetEntry, spec: DataSpec, seed: int, reading: Reading | None = None, **where: str | None
 ) -> Loaded:
     """`where`: load_imagefolder's part (a split folder) and mode, for a val/ or test/ part (core/splits.py);
-    `reading`: the decoding processes and the on-disk cache (data.disk_cache off: no cache)."""
+    `reading`: the decoding threads and the on-disk cache (data.disk_cache off: no cache)."""
     size, interpolation = spec.image_size or entry.size, spec.preprocess.interpolation or "bilinear"
     reading = replace(reading or Reading(), disk_cache=spec.disk_cache and (reading or Reading()).disk_cache)
     path = spec.path or ""
-    return load_imagefolder(path, size, spec.max_bad_fraction, spec.cache_mb, interpolation, reading=reading, **where)
+    args = (path, size, spec.max_bad_fraction, spec.cache_mb, interpolation)
+    return load_imagefolder(*args, reading=reading, hold=False, **where)  # held splits read in by load_data
 
 
 # One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
@@ -177,7 +179,8 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
 
     images, labels = fit(images, labels)
     parts = make_splits(entry, spec, seed, (images, labels, classes), _readers(entry, loader_spec, seed, fit, reading))
-    train, val, skipped = parts.train, parts.val, [*skipped, *parts.skipped]
+    train, val, test = (_held(p) for p in (parts.train, parts.val, parts.test))
+    skipped = [*skipped, *parts.skipped]
     stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
     mean, std, preprocessing = statistics(plan, stats_src, size)
     info = DataInfo(
@@ -196,7 +199,15 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
         num_test=len(parts.test or ()),
         test_source=parts.test_source,
     )
-    return DataBundle(info, train, val, parts.test)
+    return DataBundle(info, train, val, test)
+
+
+def _held(split: Split | None) -> Split | None:
+    """A split of an image folder small enough for memory (CachedImages.held) read in from the image cache: one copy
+    of its rows, in file order."""
+    if split is None or not isinstance(split.images, CachedImages) or not split.images.held:
+        return split
+    return replace(split, images=split.images.in_memory())
 
 
 # --- batched preprocessing on the device ------------------------------------------------
@@ -209,6 +220,7 @@ class Preprocess:
     def __init__(self, info: DataInfo, augment: AugmentSpec | None, device: torch.device, *, channels_last=False):
         self.mean = torch.tensor(info.mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(info.std, device=device).view(1, -1, 1, 1)
+        self.mean255, self.std255 = 255.0 * self.mean, 255.0 * self.std  # uint8 → normalised in one copy
         self.augment = augment
         self.size = info.image_size
         # a run from before the preprocessing was recorded stored its images at the input side
@@ -225,8 +237,11 @@ class Preprocess:
         if tuple(x.shape[-2:]) != (self.stored, self.stored):  # a set kept at its own side (core.preprocess_ops)
             x = resize_batch(as_float(x), self.stored, self.interpolation)
         if self.augment is not None and gen is not None:
-            x = augment_batch(x, self.augment, gen, self.size)
+            x = augment_batch(x, self.augment, gen, self.size, uint8_out=True)
         else:
-            x = as_float(centre_crop(x, self.size).contiguous())
-        x = x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy
+            x = centre_crop(x, self.size)
+        if x.dtype == torch.uint8:
+            x = x.float().sub_(self.mean255).div_(self.std255)  # (x / 255 − mean) / std; x / 255 exactly when not
+        else:
+            x = x.sub_(self.mean).div_(self.std)  # in place: x is this call's own float copy
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x

@@ -8,6 +8,10 @@ without it is unfinished and never read). The key hashes the files' names, sizes
 its members' names, sizes and CRCs), so changed data gets a new entry and a run of other data never reads this
 one; building an entry removes the older entries of the same folder and part. One builder at a time per key (a
 lock file): a second run waits for it and reads what it built.
+
+An entry is used as soon as it is built, while a thread writes it to the disk (`fsync`) and then marks it synced:
+a process that dies loses nothing written (the kernel's page cache holds it), and an entry that was never synced
+is read only during the boot that built it (a crash of the machine could have left zeros in it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,10 +118,42 @@ def _locked(root: Path, key: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _boot() -> str | None:
+    """This boot of the machine (Linux), None elsewhere."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _sync(folder: Path) -> None:
+    """Write the entry's images to the disk, then mark it synced (meta.json replaced whole)."""
+    try:
+        fd = os.open(folder / _IMAGES, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        meta = _meta(folder)
+        if meta is not None:
+            tmp = folder / f"{_META}.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text(json.dumps({**meta, "synced": True}))
+            os.replace(tmp, folder / _META)
+    except OSError:  # removed meanwhile (a newer entry, the Datasets page): nothing to keep
+        pass
+
+
+def _usable(meta: dict) -> bool:
+    """Synced to the disk, or built during this boot (in the page cache still)."""
+    return bool(meta.get("synced", True)) or meta.get("boot") == _boot()
+
+
 def lookup(root: Path, key: str) -> Found | None:
     """A finished entry, or None."""
     folder = root / key
     meta = _meta(folder)
+    if meta is not None and not _usable(meta):
+        return None
     if meta is None or not (folder / _IMAGES).exists() and meta["shape"][0]:
         return None
     _touch(folder)
@@ -136,12 +173,19 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
+            boot = _boot()
             if shape[0]:
                 np.memmap(tmp / _IMAGES, dtype=np.uint8, mode="w+", shape=shape).flush()  # sized, zero-filled
                 good, skipped = fill(tmp / _IMAGES)
+                if boot is None:  # no way to tell a crash of the machine later: on the disk before it counts
+                    fd = os.open(tmp / _IMAGES, os.O_RDONLY)
+                    os.fsync(fd)
+                    os.close(fd)
             else:
                 good, skipped = np.zeros(0, np.int64), []
             meta = {
+                "boot": boot,
+                "synced": boot is None or not shape[0],
                 **describe,
                 "key": key,
                 "shape": list(shape),
@@ -155,6 +199,8 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if not meta["synced"]:
+            threading.Thread(target=_sync, args=(root / key,), name="image-cache-sync", daemon=True).start()
         _forget_older(root, key, describe)
         return _open(root / key, meta)
 

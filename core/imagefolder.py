@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -165,7 +164,7 @@ def _choose_mode(source: Source, files: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Reading:
-    """How an image folder's files are decoded at load: `workers` processes (loader.num_workers; None: one per
+    """How an image folder's files are decoded at load: `workers` threads (loader.num_workers; None: one per
     core), through this machine's on-disk image cache (core/image_cache.py) unless `disk_cache` is off;
     `progress(done, total)` while decoding, `report(message)` once it is done."""
 
@@ -185,10 +184,13 @@ def load_imagefolder(
     part: str | None = None,
     mode: str | None = None,
     reading: Reading = Reading(),
+    hold: bool = True,
 ):
     """Return (images, labels, class_names, skipped_files). images is a uint8 tensor when it fits in `cache_mb`,
     else a CachedImages read from the on-disk cache (a LazyImages that decodes per item when the cache is off);
-    unreadable files are found and left out at load. A folder laid out as train/ [val/] test/ is read from `part`
+    unreadable files are found and left out at load. `hold` False: a set that fits and came through the cache is
+    returned as its CachedImages marked `held`, for the caller to read into memory once it has split it (one copy,
+    not two: core/data.py). A folder laid out as train/ [val/] test/ is read from `part`
     (train when None); `mode` (L or RGB) imposes the training split's."""
     source = _open(path)
     classes = _class_files(source, path if part is None else f"{path} ({part}/)", part)
@@ -199,6 +201,8 @@ def load_imagefolder(
     fits = math.prod(shape) <= cache_mb * 2**20
     started = time.perf_counter()
     images, good, skipped, how = _read(source, files, (mode, size, interpolation), shape, fits, part, reading)
+    if hold and isinstance(images, CachedImages) and images.held:
+        images = images.in_memory()
     _check_readable(path, classes, files, labels_all[good], skipped, max_bad_fraction)
     if reading.report is not None:
         took = time.perf_counter() - started
@@ -221,14 +225,12 @@ def _read(source: Source, files: list[str], how: tuple[str, int, str], shape: tu
         bad, n = decode_files(source.root, files, how, None, workers, reading.progress)
         good = np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64)
         lazy = LazyImages(source, [files[i] for i in good], how[0], how[1], how[2])
-        return lazy, good, _why(files, bad), f"checked with {n} process(es), decoded per batch (image cache off)"
-    with tempfile.TemporaryDirectory() as d:  # the processes write into a file; read into memory once
-        out = Path(d) / "images.u8"
-        np.memmap(out, dtype=np.uint8, mode="w+", shape=shape).flush()
-        bad, n = decode_files(source.root, files, how, out, workers, reading.progress)
-        good = np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64)
-        images = torch.from_numpy(np.fromfile(out, dtype=np.uint8).reshape(shape)[good])
-        return images, good, _why(files, bad), f"decoded with {n} process(es)"
+        return lazy, good, _why(files, bad), f"checked with {n} thread(s), decoded per batch (image cache off)"
+    out = np.empty(shape, dtype=np.uint8)
+    bad, n = decode_files(source.root, files, how, out, workers, reading.progress)
+    good = np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64)
+    images = torch.from_numpy(out if len(good) == len(files) else out[good])
+    return images, good, _why(files, bad), f"decoded with {n} thread(s)"
 
 
 def _through_cache(root: Path, source: Source, files, how, shape, fits: bool, part, reading):
@@ -244,9 +246,9 @@ def _through_cache(root: Path, source: Source, files, how, shape, fits: bool, pa
         return np.asarray([i for i in range(len(files)) if i not in bad], dtype=np.int64), _why(files, bad)
 
     found = build(root, key, describe, shape, fill)
-    images = CachedImages(root / key / "images.u8", shape, found.good, how[0])
-    said = f"decoded with {used[0]} process(es) into" if used else "read from"
-    return (images.in_memory() if fits else images), found.good, found.skipped, f"{said} the image cache"
+    images = CachedImages(root / key / "images.u8", shape, found.good, how[0], held=fits)
+    said = f"decoded with {used[0]} thread(s) into" if used else "read from"
+    return images, found.good, found.skipped, f"{said} the image cache"
 
 
 def _why(files: list[str], bad: dict[int, str]) -> list[str]:

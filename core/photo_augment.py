@@ -59,7 +59,7 @@ def random_resized_crop(
 ) -> torch.Tensor:
     """(B, C, H, W) → (B, C, size, size): per sample a box of area fraction in `scale` and aspect ratio in
     `ratio` (torchvision's RandomResizedCrop.get_params, ten tries, else its centre fallback), resized bilinearly;
-    float [0, 1] out (uint8 images come in as they are stored)."""
+    float [0, 1] out (uint8 images come in as they are stored), uint8 for uint8 images on the CPU."""
     b, _, h, w = x.shape
     bh, bw, ok = _boxes(b, h, w, scale, ratio, gen)
     first, found = _first_fit(ok)
@@ -86,11 +86,11 @@ def random_resized_crop(
 def _resized_crops_uint8(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 images on the CPU: each box cropped and resized by torchvision's uint8 antialiased bilinear kernel (PIL's
     algorithm, vectorised), before any float copy of the batch: about three times roi_align's speed on floats there
-    (benchmarks/bench_data.py). Returns float [0, 1]."""
+    (benchmarks/bench_data.py). Returns uint8."""
     out = torch.empty((x.shape[0], x.shape[1], size, size), dtype=torch.uint8)
     for i, (top, left, h, w) in enumerate(boxes.long().tolist()):
         out[i] = v2.functional.resized_crop(x[i], top, left, h, w, [size, size], antialias=True)
-    return out.float().div_(255.0)
+    return out
 
 
 def random_erasing(x: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:

@@ -116,7 +116,7 @@ def overfit_one_batch(
     }
 
 
-PROCESS_BYTES = 256 * 2**20  # a decoding or loader process of an image folder (Python, NumPy, PIL and a share)
+PROCESS_BYTES = 256 * 2**20  # a loader process of an image folder (Python, NumPy, PIL and a share)
 
 
 def data_memory_bytes(spec) -> int | None:

@@ -274,7 +274,7 @@ class LoaderSpec(Section):
         None,
         ge=0,
         le=64,
-        description="Processes that decode an image folder at load (and, with the image cache off, per batch); "
+        description="Threads that decode an image folder at load (and processes, with the image cache off, per batch); "
         "none: one per CPU core, at most 16. Decoded images (in memory or in the image cache) are gathered a batch "
         "at a time without loader processes unless this asks for some.",
     )

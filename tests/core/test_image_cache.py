@@ -1,10 +1,11 @@
-"""Image folders decoded at load over several processes, into this machine's on-disk image cache: built once and
+"""Image folders decoded at load by several threads, into this machine's on-disk image cache: built once and
 reused by a later run, rebuilt when the data changes, never read by a run of other data, one builder at a time."""
 
 from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,16 +58,31 @@ def _all(bundle) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else x.take(torch.arange(len(x)))
 
 
-def test_decoding_at_load_uses_several_processes_and_gives_the_same_pixels(tmp_path):
-    root = _photos(tmp_path / "pets", n=64, jpeg=True)  # 128 files: enough for two processes
+def test_decoding_at_load_uses_several_threads_at_once_and_gives_the_same_pixels(tmp_path, monkeypatch):
+    from core import decode as decoding
+
+    root = _photos(tmp_path / "pets", n=64, jpeg=True)  # 128 files: enough for two threads
     progress: list[tuple[int, int]] = []
     spec = DataSpec(name="imagefolder", path=str(root), image_size=16, val_fraction=0.25, test_split="none")
     said: list[str] = []
+    both = threading.Barrier(2, timeout=120)  # passed only when two threads decode at the same time
+    first: set[int] = set()
+    original = decoding.decode
+
+    def meeting(*args, **kwargs):
+        if threading.get_ident() not in first:
+            first.add(threading.get_ident())
+            both.wait()  # a BrokenBarrierError (and a failed test) if the other thread never comes
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "decode", meeting)
     reading = Reading(workers=2, disk_cache=False, progress=lambda d, t: progress.append((d, t)), report=said.append)
     spread = load_data(spec, 0, reading=reading)
-    assert "decoded with 2 process(es)" in said[0], said
+    assert "decoded with 2 thread(s)" in said[0], said
+    assert len(first) == 2 and threading.get_ident() not in first
+    monkeypatch.setattr(decoding, "decode", original)
     alone, said_alone = _load(root, workers=1, disk_cache=False)
-    assert "decoded with 1 process(es)" in said_alone[0]
+    assert "decoded with 1 thread(s)" in said_alone[0]
     assert torch.equal(spread.train.images, alone.train.images) and torch.equal(spread.train.labels, alone.train.labels)
     assert progress[-1] == (128, 128) and [d for d, _ in progress] == sorted(d for d, _ in progress)
 
@@ -93,6 +109,33 @@ def test_the_cache_is_built_once_and_a_second_run_reads_it(tmp_path, cache):
     entries = list_entries(cache)
     assert len(entries) == 1 and entries[0].images == 40 and entries[0].bytes >= 40 * 3 * 16 * 16
     assert entries[0].source == str(root.resolve()) and entries[0].side == 16
+
+
+def test_an_entry_is_synced_to_disk_and_one_a_crash_may_have_emptied_is_decoded_again(tmp_path, cache):
+    import json
+
+    from core import image_cache
+
+    root = _photos(tmp_path / "pets")
+    _, said = _load(root)
+    assert "into the image cache" in said[0]
+    meta = next(cache.glob("*/meta.json"))
+    deadline = time.monotonic() + 120  # the sync thread marks it once the disk has it
+    while not json.loads(meta.read_text()).get("synced") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    written = json.loads(meta.read_text())
+    assert written["synced"] and written["boot"] == image_cache._boot()
+    _, said = _load(root)
+    assert "read from the image cache" in said[0]
+    # built during another boot and never synced: the machine may have crashed before its pages reached the disk
+    meta.write_text(json.dumps({**written, "synced": False, "boot": "an-earlier-boot"}))
+    _, said = _load(root)
+    assert "into the image cache" in said[0]
+    # not synced yet but built during this boot: the page cache holds it
+    meta = next(cache.glob("*/meta.json"))
+    meta.write_text(json.dumps({**written, "synced": False}))
+    _, said = _load(root)
+    assert "read from the image cache" in said[0]
 
 
 def test_a_set_larger_than_memory_is_served_from_the_cache_in_the_same_batches(tmp_path):
@@ -174,7 +217,7 @@ def test_the_cache_can_be_turned_off(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("TORCHDECK_IMAGE_CACHE", "off")
     root = _photos(tmp_path / "pets")
     _, said = _load(root)
-    assert "decoded with 1 process(es)" in said[0] and "image cache" not in said[0]
+    assert "decoded with 1 thread(s)" in said[0] and "image cache" not in said[0]
     assert not cache.exists()
 
 
@@ -205,4 +248,4 @@ def test_an_unusable_cache_folder_is_said_and_the_images_decoded_anyway(tmp_path
     monkeypatch.setenv("TORCHDECK_IMAGE_CACHE", str(in_the_way))
     bundle, said = _load(_photos(tmp_path / "pets"))
     assert "cannot be used" in said[0] and str(in_the_way) in said[0]
-    assert "decoded with 1 process(es)" in said[1] and len(bundle.train) + len(bundle.val) == 40
+    assert "decoded with 1 thread(s)" in said[1] and len(bundle.train) + len(bundle.val) == 40
