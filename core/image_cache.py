@@ -9,7 +9,8 @@ its members' names, sizes and CRCs), so changed data gets a new entry and a run 
 one; building an entry removes the older entries of the same folder and part. One builder at a time per key (a
 lock file): a second run waits for it and reads what it built.
 
-An entry is used as soon as it is built, while a thread writes it to the disk (`fsync`) and then marks it synced:
+An entry is used as soon as it is built, while a thread writes it to the disk (`fsync`) and then marks it synced
+(an empty file `synced`):
 a process that dies loses nothing written (the kernel's page cache holds it), and an entry that was never synced
 is read only during the boot that built it (a crash of the machine could have left zeros in it).
 """
@@ -32,7 +33,7 @@ import numpy as np
 
 CACHE_ENV = "TORCHDECK_IMAGE_CACHE"
 FORMAT = 1  # bump when the decoding changes what is stored
-_META, _IMAGES, _LOCK = "meta.json", "images.u8", ".lock"
+_META, _IMAGES, _LOCK, _SYNCED = "meta.json", "images.u8", ".lock", "synced"
 
 
 def cache_root() -> Path | None:
@@ -127,32 +128,32 @@ def _boot() -> str | None:
 
 
 def _sync(folder: Path) -> None:
-    """Write the entry's images to the disk, then mark it synced (meta.json replaced whole)."""
+    """Write the entry's images to the disk, then mark it synced (an empty file: the entry's size stays what it
+    is)."""
     try:
         fd = os.open(folder / _IMAGES, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        meta = _meta(folder)
-        if meta is not None:
-            tmp = folder / f"{_META}.{os.getpid()}.{threading.get_ident()}"
-            tmp.write_text(json.dumps({**meta, "synced": True}))
-            os.replace(tmp, folder / _META)
+        if (folder / _META).exists():
+            (folder / _SYNCED).touch()
     except OSError:  # removed meanwhile (a newer entry, the Datasets page): nothing to keep
         pass
 
 
-def _usable(meta: dict) -> bool:
-    """Synced to the disk, or built during this boot (in the page cache still)."""
-    return bool(meta.get("synced", True)) or meta.get("boot") == _boot()
+def _usable(folder: Path, meta: dict) -> bool:
+    """Synced to the disk (or built before entries were synced in the background), or built during this boot (in the
+    page cache still)."""
+    boot = meta.get("boot")
+    return boot is None or boot == _boot() or (folder / _SYNCED).exists()
 
 
 def lookup(root: Path, key: str) -> Found | None:
     """A finished entry, or None."""
     folder = root / key
     meta = _meta(folder)
-    if meta is not None and not _usable(meta):
+    if meta is not None and not _usable(folder, meta):
         return None
     if meta is None or not (folder / _IMAGES).exists() and meta["shape"][0]:
         return None
@@ -184,8 +185,7 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
             else:
                 good, skipped = np.zeros(0, np.int64), []
             meta = {
-                "boot": boot,
-                "synced": boot is None or not shape[0],
+                "boot": boot if shape[0] else None,  # None: on the disk before it counted (no boot id), or empty
                 **describe,
                 "key": key,
                 "shape": list(shape),
@@ -199,7 +199,7 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if not meta["synced"]:
+        if meta["boot"] is not None:
             threading.Thread(target=_sync, args=(root / key,), name="image-cache-sync", daemon=True).start()
         _forget_older(root, key, describe)
         return _open(root / key, meta)

@@ -119,21 +119,25 @@ def test_an_entry_is_synced_to_disk_and_one_a_crash_may_have_emptied_is_decoded_
     root = _photos(tmp_path / "pets")
     _, said = _load(root)
     assert "into the image cache" in said[0]
-    meta = next(cache.glob("*/meta.json"))
+    folder = next(cache.glob("*/meta.json")).parent
     deadline = time.monotonic() + 120  # the sync thread marks it once the disk has it
-    while not json.loads(meta.read_text()).get("synced") and time.monotonic() < deadline:
+    while not (folder / "synced").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    written = json.loads(meta.read_text())
-    assert written["synced"] and written["boot"] == image_cache._boot()
+    assert (folder / "synced").exists()
+    written = json.loads((folder / "meta.json").read_text())
+    assert written["boot"] == image_cache._boot()
     _, said = _load(root)
     assert "read from the image cache" in said[0]
     # built during another boot and never synced: the machine may have crashed before its pages reached the disk
-    meta.write_text(json.dumps({**written, "synced": False, "boot": "an-earlier-boot"}))
+    (folder / "synced").unlink()
+    (folder / "meta.json").write_text(json.dumps({**written, "boot": "an-earlier-boot"}))
     _, said = _load(root)
     assert "into the image cache" in said[0]
     # not synced yet but built during this boot: the page cache holds it
-    meta = next(cache.glob("*/meta.json"))
-    meta.write_text(json.dumps({**written, "synced": False}))
+    folder = next(cache.glob("*/meta.json")).parent
+    while not (folder / "synced").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (folder / "synced").unlink()
     _, said = _load(root)
     assert "read from the image cache" in said[0]
 
