@@ -4,6 +4,7 @@ database on SQLite (a file) and on Postgres (a throwaway cluster) — every stac
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -120,6 +121,7 @@ class Stack:
     url: str
     home: Path
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    log_starts: dict[int, tuple[Path, int]] = field(default_factory=dict)  # worker pid: its log, where its lines begin
 
     @property
     def engine(self):
@@ -152,7 +154,16 @@ class Stack:
             cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.workers[name] = p
+        self.log_starts[p.pid] = (self.home / f"{name}.log", log.tell())
         return p
+
+    def ready(self, worker: subprocess.Popen) -> bool:
+        """Whether the worker has logged Celery's `<node> ready.`: its startup, which starts its fork server and
+        waits for that server's imports (worker.preload) and for the first spare it forks, is over."""
+        path, start = self.log_starts[worker.pid]
+        with open(path, "rb") as f:
+            f.seek(start)
+            return re.search(rb"@\S+ ready\.$", f.read(), re.MULTILINE) is not None
 
     def kill_worker(self, name: str) -> None:
         """kill -9 of the worker and of the run's child (one process group)."""
@@ -194,10 +205,17 @@ class Stack:
     def run_process(self, worker: subprocess.Popen, timeout: float = 120):
         """The worker's run process: the process of its current run (the older one: the next run's spare
         is started as a run starts), or its ready spare when it has no run. Run processes are forked by the
-        worker's fork server (worker.tasks.start_context), or spawned by the worker (TORCHDECK_RUN_START=spawn)."""
+        worker's fork server (worker.tasks.start_context), or spawned by the worker (TORCHDECK_RUN_START=spawn).
+
+        Only once the worker is ready: while its fork server imports torch it runs programs of its own (ctypes'
+        `ldconfig -p`), children of the server too, which a busy machine keeps alive long enough to be found; one
+        taken for a run process and stopped (SIGSTOP) would hang the server's imports and the worker's startup with
+        them. A process the server forks keeps the server's command line; a program it runs has its own."""
         import psutil
 
         def find():
+            if not self.ready(worker):
+                return None
             try:
                 kids = psutil.Process(worker.pid).children()
             except psutil.NoSuchProcess:
@@ -205,7 +223,7 @@ class Stack:
             runs = [k for k in kids if _live(k, "spawn_main")]
             for server in (k for k in kids if _live(k, "multiprocessing.forkserver")):
                 try:
-                    runs += [g for g in server.children() if _live(g, "")]
+                    runs += [g for g in server.children() if _live(g, "multiprocessing.forkserver")]
                 except psutil.NoSuchProcess:
                     continue
             return min(runs, key=lambda k: k.create_time()) if runs else None

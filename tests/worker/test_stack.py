@@ -14,7 +14,7 @@ import yaml
 from app.auth import local_user
 from app.services.runs import cancel
 from db.repo import get_run, list_artifacts, list_events, list_runs, list_workers, metric_keys
-from tests.worker.conftest import ROOT, RUN, pg_ctl, wait_for
+from tests.worker.conftest import FINAL, ROOT, RUN, pg_ctl, wait_for
 
 TORCHDECK = str(Path(sys.executable).parent / "torchdeck")
 
@@ -165,15 +165,23 @@ def test_diverging_and_invalid_specs_and_two_workers(stack, tmp_path):
     stack.start_worker("a")
     stack.start_worker("b")
     wait_for(lambda: len(list_workers(stack.engine)) == 2, 120, f"the two workers did not register\n{stack.logs()}")
+    # The worker ready first could take every short run before the other is ready (a busy machine starts it later):
+    # a run that cannot end by itself keeps it busy until the other worker has taken one.
+    busy = stack.submit("train.epochs=500")
+    held = stack.wait(busy, until=("running",))
     div = stack.submit("optim.name=sgd", "optim.lr=1000", "train.grad_clip.mode=none")
     ok = [stack.submit("train.epochs=1", "data.num_samples=600") for _ in range(4)]
+    taken = stack.wait(div, until=("running", *FINAL))
+    assert taken.worker_id != held.worker_id, "a busy worker took another run"
+    cancel(busy, engine=stack.engine, by=local_user())  # both workers free: they share the rest
     d = stack.wait(div)
     assert d.status == "diverged"
     advice = [e for e in list_events(stack.engine, div) if e.code == "non_finite_loss"]
     assert advice and "learning rate" in advice[0].data["advice"]
     done = [stack.wait(i) for i in ok]
     assert {r.status for r in done} == {"completed"}, [(r.status, r.error, r.worker_id) for r in done]
-    assert len({r.worker_id for r in [d, *done]}) == 2, "both workers took runs"
+    assert stack.wait(busy, timeout=120).status == "cancelled"
+    assert len({r.worker_id for r in [held, d, *done]}) == 2, "both workers took runs"
 
 
 def test_redis_restart_mid_run(stack, redis_server):
