@@ -121,7 +121,7 @@ class Stack:
     url: str
     home: Path
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
-    log_starts: dict[int, tuple[Path, int]] = field(default_factory=dict)  # worker pid: its log, where its lines begin
+    log_starts: dict[int, int] = field(default_factory=dict)  # worker pid: where its lines begin in its log
 
     @property
     def engine(self):
@@ -154,15 +154,16 @@ class Stack:
             cmd, cwd=ROOT, env={**self.env, **extra_env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.workers[name] = p
-        self.log_starts[p.pid] = (self.home / f"{name}.log", log.tell())
+        self.log_starts[p.pid] = log.tell()  # (a log is appended to: a worker started again under a name has more)
         return p
 
     def ready(self, worker: subprocess.Popen) -> bool:
         """Whether the worker has logged Celery's `<node> ready.`: its startup, which starts its fork server and
-        waits for that server's imports (worker.preload) and for the first spare it forks, is over."""
-        path, start = self.log_starts[worker.pid]
-        with open(path, "rb") as f:
-            f.seek(start)
+        waits for that server's imports (worker.preload) and for the first spare it forks, is over. Its log is
+        `<name>.log` (a worker started by a test itself, as `workers[name]`: its whole log)."""
+        name = next(n for n, p in self.workers.items() if p is worker)
+        with open(self.home / f"{name}.log", "rb") as f:
+            f.seek(self.log_starts.get(worker.pid, 0))
             return re.search(rb"@\S+ ready\.$", f.read(), re.MULTILINE) is not None
 
     def kill_worker(self, name: str) -> None:
