@@ -12,9 +12,11 @@ torchdeck: data.name=imagefolder, image_size 224, preprocess.resize_ratio 256/22
 square kept), val_fraction 0.1, test_split none, augment random_resized_crop + hflip, loader.num_workers --workers,
 device cpu. Timed: load_data (the folder read and decoded, the split, the statistics), make_batches, Preprocess,
 then per epoch set_epoch and, for every batch, Preprocess(x, epoch_generator(seed, epoch)): the augmented,
-normalised float batch of 224 px the model would get. $TORCHDECK_IMAGE_CACHE points to a fresh empty folder for
-each measured side (a cold start); a second load_data of the same spec, in a fresh process, is the start-up of a
-second run on this machine (the on-disk cache reused). Run twice: with data.cache_mb at its default (the set held
+normalised float batch of 224 px the model would get. It runs in a fresh process set up as a worker's run process
+is (core.process.keep_large_allocations; torch imported before the clock starts, as a worker's spare process has
+it). $TORCHDECK_IMAGE_CACHE points to a fresh empty folder for each measured side (a cold start); a second load_data
+of the same spec, in another fresh process, is the start-up of a second run on this machine (the on-disk cache
+reused). Run twice: with data.cache_mb at its default (the set held
 in memory) and with data.cache_mb --small-cache-mb (the set does not fit: served from the on-disk cache).
 
 torchvision: datasets.ImageFolder over the same number of training images (per class, all but a tenth: torchdeck's
@@ -33,11 +35,10 @@ median with min and max. Also the decoders alone, one thread: ms per 640×480 JP
 PIL, PIL after Image.draft (no gain here: its next scale, 1/2, would be under 256 px) and torchvision.io.decode_jpeg
 + v2.functional.resize.
 
-Measured here (2 cores, a quiet machine, --images 5000 --repeats 2, workers 2), in two runs:
-imagefolder_vs_torchvision_cached_epoch 3.24 and 3.35; imagefolder_vs_torchvision_first_epoch 0.98 and 1.02 (per
-repeat 0.90 to 1.14: the first-epoch target is at the edge here, both sides bound by the same two cores); start-up
-about 10 s (the 5,000 JPEGs decoded by 2 threads at about 2 ms each, the set read into memory), about 2.5 s for a
-second run reading the cache; decode_ms_torchvision 2.05 against decode_ms_pil 4.48.
+Measured here (2 cores, a quiet machine, --images 5000 --repeats 2, workers 2): imagefolder_vs_torchvision_first_epoch
+1.19 (per repeat 1.13 and 1.26) and imagefolder_vs_torchvision_cached_epoch 4.71 (4.68, 4.74); with the set served
+from the on-disk cache, 1.15 and 4.26. Start-up about 6.3 s (the 5,000 JPEGs decoded by 2 threads at about 1.1 ms
+each, wall time), 0.35 s for a second run reading the cache; decode_ms_torchvision 1.69 against decode_ms_pil 4.11.
 
 Last lines: imagefolder_vs_torchvision_first_epoch= (target ≥ 1.0, start-up included) and
 imagefolder_vs_torchvision_cached_epoch= (target ≥ 2.0): medians of the per-repeat ratios of images/s.
@@ -46,7 +47,6 @@ imagefolder_vs_torchvision_cached_epoch= (target ≥ 2.0): medians of the per-re
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import math
 import multiprocessing as mp
@@ -71,6 +71,7 @@ from torch.utils.data import DataLoader
 from core.batches import epoch_generator, make_batches
 from core.config import RunSpec
 from core.data import Preprocess, load_data
+from core.process import keep_large_allocations
 
 CACHE_ENV = "TORCHDECK_IMAGE_CACHE"  # core/image_cache.py's on-disk cache folder
 W, H, SIDE, STORED, CLASSES, VAL_FRACTION = 640, 480, 224, 256, 10, 0.1
@@ -187,9 +188,11 @@ def spec_dict(root: Path, args: argparse.Namespace, cache_mb: int | None = None)
     return {"data": data, "loader": {"num_workers": args.workers}, "device": "cpu", "seed": 0}
 
 
-def _load_seconds(spec: dict, threads: int) -> float:
+def _load_seconds(spec: dict, cache_dir: Path, threads: int) -> float:
     """load_data's seconds in this (fresh) process: the start-up of a second run on this machine."""
+    keep_large_allocations()
     torch.set_num_threads(threads)
+    os.environ[CACHE_ENV] = str(cache_dir)
     s = RunSpec.from_dict(spec)
     t0 = time.perf_counter()
     load_data(s.data, s.seed, s.model)
@@ -207,10 +210,13 @@ def _torchdeck_epoch(batches, pre: Preprocess, seed: int, e: int) -> int:
     return n
 
 
-def torchdeck_side(spec_d: dict, cache_dir: Path, args: argparse.Namespace) -> Side:
+def _torchdeck_run(spec_d: dict, cache_dir: Path, args: argparse.Namespace) -> Side:
+    """torchdeck's side, in a fresh process set up as a worker's run process is (worker/child.py: glibc keeps large
+    blocks for reuse; its imports done before the run starts, as a spare process has them)."""
+    keep_large_allocations()
+    torch.set_num_threads(args.threads)
     os.environ[CACHE_ENV] = str(cache_dir)
     spec, cpu = RunSpec.from_dict(spec_d), torch.device("cpu")
-    gc.collect()
     t0 = time.perf_counter()
     bundle = load_data(spec.data, spec.seed, spec.model)
     startup = time.perf_counter() - t0
@@ -218,11 +224,16 @@ def torchdeck_side(spec_d: dict, cache_dir: Path, args: argparse.Namespace) -> S
     pre = Preprocess(bundle.info, spec.data.augment, cpu)
     first, cached = _timed_epochs(partial(_torchdeck_epoch, batches, pre, spec.seed), t0, args.cached_epochs)
     held = f"{type(bundle.train.images).__name__} via {type(batches).__name__}"
-    del bundle, batches, pre
-    gc.collect()
-    with mp.get_context("spawn").Pool(1) as pool:  # a second run: a new process, the same cache folder
-        second = pool.apply(_load_seconds, (spec_d, args.threads))
-    return Side(first, cached, startup, second, held)
+    return Side(first, cached, startup, held=held)
+
+
+def torchdeck_side(spec_d: dict, cache_dir: Path, args: argparse.Namespace) -> Side:
+    spawn = mp.get_context("spawn")
+    with spawn.Pool(1) as pool:
+        side = pool.apply(_torchdeck_run, (spec_d, cache_dir, args))
+    with spawn.Pool(1) as pool:  # a second run: a new process, the same cache folder
+        side.second = pool.apply(_load_seconds, (spec_d, cache_dir, args.threads))
+    return side
 
 
 def decode_ms(files: list[Path], rounds: int = 3) -> dict[str, float]:
@@ -350,7 +361,6 @@ def main() -> None:
     preconditions(args, where)
     torch.set_num_threads(args.threads)
     print(f"# load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start", flush=True)
-    previous = os.environ.get(CACHE_ENV)
     with tempfile.TemporaryDirectory(dir=where, prefix="bench-data-") as d:
         tmp = Path(d)
         root = tmp / "images"
@@ -361,10 +371,6 @@ def main() -> None:
         print(f"# workers {args.workers}, batch {args.batch}, threads {args.threads}", flush=True)
         decode = decode_ms(sorted(root.rglob("*.jpg"))[:100])
         results = [one_repeat(r, root, keep, args, tmp) for r in range(args.repeats)]
-    if previous is None:
-        os.environ.pop(CACHE_ENV, None)
-    else:
-        os.environ[CACHE_ENV] = previous
     print(f"# load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end", flush=True)
     report(results, decode)
 

@@ -7,6 +7,7 @@ import sys
 
 from core.config import SpecError, load_spec
 from core.events import JsonlSink, MultiSink, PrintSink
+from core.process import keep_large_allocations
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,4 +33,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    keep_large_allocations()  # this process runs one run, as a worker's run process does
     sys.exit(main())

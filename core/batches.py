@@ -4,11 +4,12 @@ its shard of every global batch (core/shards.py)."""
 
 from __future__ import annotations
 
+import math
 import queue
 import random
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -244,11 +245,15 @@ def make_batches(
     decoded per batch go through a DataLoader of loader.num_workers processes."""
     images = split.images
     order = Order(batch_size, shuffle, device, seed, rank, world, balanced)
+    # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
+    fits = math.prod(images.shape) * 4 <= loader.device_cache_mb * 2**20
+    if isinstance(images, CachedImages) and images.held and fits and device.type != "cpu":
+        split = replace(split, images=images.in_memory())  # copied to the device whole: batches sliced there
+        images = split.images
     if isinstance(images, torch.Tensor):
-        # device_cache_mb is documented "as float32": 4 bytes per value, though the split is held as uint8.
         # on the CPU the split is where the model is already (device_cache_mb=0 still gathers per batch).
-        fits = images.numel() * 4 <= loader.device_cache_mb * 2**20 or (device.type == "cpu" and loader.device_cache_mb)
+        fits = fits or (device.type == "cpu" and loader.device_cache_mb)
         return DeviceBatches(split, order) if fits else GatherBatches(split, order, loader)
-    if isinstance(images, CachedImages):
+    if isinstance(images, CachedImages):  # on the CPU, a held set is gathered from its pages (no copy of it)
         return GatherBatches(split, order, loader)
     return HostBatches(split, order, loader)

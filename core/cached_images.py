@@ -38,11 +38,13 @@ def _allocate(shape: tuple[int, ...]) -> np.ndarray:
 class CachedImages:
     """Images served from a memory-mapped array (an entry of the cache): indexable like a uint8 (N, C, H, W) tensor
     through `rows` (the readable files, then any subset); `take` gathers a batch in one copy. `held`: the set fits
-    data.cache_mb, to be read into memory (`in_memory`) once split."""
+    data.cache_mb, so its pages stay in memory (the kernel's page cache, shared by every run and process reading the
+    entry: no private copy to make at start-up, none to hold twice); `in_memory` copies it out for a device that
+    holds it whole."""
 
     def __init__(self, path: Path, shape: tuple[int, ...], rows: np.ndarray, mode: str, *, held: bool = False):
         self.path, self.full_shape, self.rows, self.mode = Path(path), tuple(shape), rows.astype(np.int64), mode
-        self.held = held  # small enough to be held in memory (data.cache_mb): read in once it is split
+        self.held = held  # small enough to be held in memory (data.cache_mb): its pages stay in the page cache
         self.shape = (len(self.rows), *self.full_shape[1:])
         self._array: torch.Tensor | None = None
 
@@ -64,8 +66,11 @@ class CachedImages:
         return self._all()[int(self.rows[int(i)])].clone()
 
     def take(self, idx: torch.Tensor) -> torch.Tensor:
-        """The images at positions `idx` (a batch), in that order: read in file order, then put in place."""
+        """The images at positions `idx` (a batch), in that order: a held set's gathered straight from its pages;
+        a larger one's read in file order (the disk's), then put in place."""
         rows = self.rows[idx.cpu().numpy()]
+        if self.held:
+            return torch.from_numpy(np.take(self._all().numpy(), rows, axis=0))
         order = np.argsort(rows, kind="stable")
         out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
         out[order] = np.take(self._all().numpy(), rows[order], axis=0)

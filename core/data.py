@@ -136,7 +136,7 @@ def _imagefolder(
     reading = replace(reading or Reading(), disk_cache=spec.disk_cache and (reading or Reading()).disk_cache)
     path = spec.path or ""
     args = (path, size, spec.max_bad_fraction, spec.cache_mb, interpolation)
-    return load_imagefolder(*args, reading=reading, hold=False, **where)  # held splits read in by load_data
+    return load_imagefolder(*args, reading=reading, hold=False, **where)  # held sets served from the page cache
 
 
 # One loader per kind of dataset (core/catalog.py's DatasetEntry.kind): (entry, spec, seed) -> Loaded.
@@ -179,9 +179,10 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
 
     images, labels = fit(images, labels)
     parts = make_splits(entry, spec, seed, (images, labels, classes), _readers(entry, loader_spec, seed, fit, reading))
-    train, val, test = (_held(p) for p in (parts.train, parts.val, parts.test))
+    train, val, test = parts.train, parts.val, parts.test
     skipped = [*skipped, *parts.skipped]
-    stats_src = train.images if isinstance(train.images, torch.Tensor) else train.images.sample_tensor(2048, seed)
+    whole = isinstance(train.images, torch.Tensor | CachedImages)  # measured from a sample of rows: no copy of the set
+    stats_src = train.images if whole else train.images.sample_tensor(2048, seed)
     mean, std, preprocessing = statistics(plan, stats_src, size)
     info = DataInfo(
         name=spec.name,
@@ -200,14 +201,6 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
         test_source=parts.test_source,
     )
     return DataBundle(info, train, val, test)
-
-
-def _held(split: Split | None) -> Split | None:
-    """A split of an image folder small enough for memory (CachedImages.held) read in from the image cache: one copy
-    of its rows, in file order."""
-    if split is None or not isinstance(split.images, CachedImages) or not split.images.held:
-        return split
-    return replace(split, images=split.images.in_memory())
 
 
 # --- batched preprocessing on the device ------------------------------------------------

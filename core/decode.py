@@ -31,15 +31,31 @@ class Source:
         self.root = root
         self.is_zip = root.is_file()
         self._zf: zipfile.ZipFile | None = None
+        self._listed: list[tuple[str, os.DirEntry]] | None = None
 
     def __getstate__(self) -> dict:
-        return {"root": self.root, "is_zip": self.is_zip, "_zf": None}
+        return {"root": self.root, "is_zip": self.is_zip, "_zf": None, "_listed": None}
+
+    def _listing(self) -> list[tuple[str, os.DirEntry]]:
+        """Every member of a folder (path relative to the root, its directory entry), walked once by scandir (a
+        tenth of pathlib's time on 5,000 photos); folders linked in are listed, not entered (like Path.rglob)."""
+        if self._listed is None:
+            out, todo = [], [("", str(self.root))]
+            while todo:
+                prefix, folder = todo.pop()
+                with os.scandir(folder) as entries:
+                    for e in entries:
+                        out.append((prefix + e.name, e))
+                        if e.is_dir() and not e.is_symlink():
+                            todo.append((f"{prefix}{e.name}/", e.path))
+            self._listed = out
+        return self._listed
 
     def names(self) -> list[str]:
         """Every member, folders included (with a trailing '/') so that empty class folders are seen."""
         if self.is_zip:
             return self._zip().namelist()
-        return [p.relative_to(self.root).as_posix() + ("/" if p.is_dir() else "") for p in self.root.rglob("*")]
+        return [name + ("/" if e.is_dir() else "") for name, e in self._listing()]
 
     def read(self, name: str) -> bytes:
         if self.is_zip:
@@ -51,10 +67,10 @@ class Source:
         if self.is_zip:
             return [(i.filename, i.file_size, i.CRC) for i in self._zip().infolist()]
         out = []
-        for p in sorted(self.root.rglob("*")):
-            if p.is_file():
-                st = p.stat()
-                out.append((p.relative_to(self.root).as_posix(), st.st_size, st.st_mtime_ns))
+        for name, e in sorted(self._listing(), key=lambda m: m[0].split("/")):  # as paths sort: part by part
+            if e.is_file():
+                st = e.stat()
+                out.append((name, st.st_size, st.st_mtime_ns))
         return out
 
     def _zip(self) -> zipfile.ZipFile:

@@ -129,7 +129,11 @@ def _boot() -> str | None:
 
 def _sync(folder: Path) -> None:
     """Write the entry's images to the disk, then mark it synced (an empty file: the entry's size stays what it
-    is)."""
+    is). The thread runs at the lowest priority (Linux: a thread's own): the run's training goes first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
     try:
         fd = os.open(folder / _IMAGES, os.O_RDONLY)
         try:

@@ -189,9 +189,9 @@ def load_imagefolder(
     """Return (images, labels, class_names, skipped_files). images is a uint8 tensor when it fits in `cache_mb`,
     else a CachedImages read from the on-disk cache (a LazyImages that decodes per item when the cache is off);
     unreadable files are found and left out at load. `hold` False: a set that fits and came through the cache is
-    returned as its CachedImages marked `held`, for the caller to read into memory once it has split it (one copy,
-    not two: core/data.py). A folder laid out as train/ [val/] test/ is read from `part`
-    (train when None); `mode` (L or RGB) imposes the training split's."""
+    returned as its CachedImages marked `held`, served from the page cache (core/data.py: no private copy). A folder
+    laid out as train/ [val/] test/ is read from `part` (train when None); `mode` (L or RGB) imposes the training
+    split's."""
     source = _open(path)
     classes = _class_files(source, path if part is None else f"{path} ({part}/)", part)
     files = [f for c in classes for f in classes[c]]

@@ -5,6 +5,7 @@ and the batched resize and centre crop core/data.py's Preprocess runs on the dev
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from core import catalog, preprocessing
-from core.cached_images import take_rows
+from core.cached_images import CachedImages, take_rows
 from core.catalog import DatasetEntry
 from core.checkpoint import read_data_info
 from core.imagefolder import DataError, LazyImages
@@ -92,16 +93,23 @@ def centre_crop(x: torch.Tensor, size: int) -> torch.Tensor:
 STATS_VALUES = 2**28  # the training images' statistics are read from at most this many values (a seeded sample)
 
 
-def channel_stats(images: torch.Tensor, seed: int = 0) -> tuple[list[float], list[float]]:
+def channel_stats(images: torch.Tensor | CachedImages, seed: int = 0) -> tuple[list[float], list[float]]:
     """Per-channel mean/std of uint8 images scaled to [0, 1] (unbiased std, like torch.std), exact, from each
-    channel's histogram of values: no float copy of the split. A split of more than STATS_VALUES values (10,000
-    CIFAR images are 31 M; 10,000 photos at 256 px, 2 G) is measured on a seeded sample of its images of that size."""
-    c, per_image = images.shape[1], max(1, images[0].numel()) if len(images) else 1
+    channel's histogram of values: no float copy of the split, read a few rows at a time. A split of more than
+    STATS_VALUES values (10,000 CIFAR images are 31 M; 10,000 photos at 256 px, 2 G) is measured on a seeded sample of
+    its images of that size."""
+    c, per_image = images.shape[1], max(1, math.prod(images.shape[1:])) if len(images) else 1
+    step = max(1, 2**24 // per_image)
     if len(images) * per_image > STATS_VALUES:
         keep = np.sort(np.random.default_rng(seed).permutation(len(images))[: max(1, STATS_VALUES // per_image)])
-        images = take_rows(images, torch.from_numpy(keep))
+        positions = torch.from_numpy(keep).split(step)
+        chunks = (images.take(p) if isinstance(images, CachedImages) else take_rows(images, p) for p in positions)
+    elif isinstance(images, CachedImages):
+        chunks = (images.take(p) for p in torch.arange(len(images)).split(step))
+    else:
+        chunks = images.split(step)
     counts = torch.zeros(c, 256, dtype=torch.int64)  # per channel, how many pixels hold each value: exact sums
-    for chunk in images.split(max(1, 2**24 // per_image)):
+    for chunk in chunks:
         for k in range(c):
             counts[k] += torch.bincount(chunk[:, k].reshape(-1), minlength=256)
     values = torch.arange(256, dtype=torch.float64)
@@ -113,7 +121,9 @@ def channel_stats(images: torch.Tensor, seed: int = 0) -> tuple[list[float], lis
     return [float(v) for v in mean], [float(v) for v in std]
 
 
-def statistics(plan: Plan, train_images: torch.Tensor, size: int) -> tuple[list[float], list[float], dict[str, Any]]:
+def statistics(
+    plan: Plan, train_images: torch.Tensor | CachedImages, size: int
+) -> tuple[list[float], list[float], dict[str, Any]]:
     """mean, std and DataInfo.preprocessing for training images (N, C, H, W): the plan's statistics fitted to the
     channels, else the training split's, else (no normalisation) 0 and 1."""
     c = int(train_images.shape[1])

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from core.config import RunSpec
 from core.distributed import CollectiveControl, Group, PeerFailed, RankLost, abort, is_peer_error, join, leave
 from core.events import Sink
-from core.process import die_with_parent
+from core.process import die_with_parent, keep_large_allocations
 
 # A collective waits this long for a peer before it fails (and rank 0 reports the run lost). Long, because
 # rank 0 alone does slow things between collectives: checkpoints, the sample grid, a sweep's pruner.
@@ -242,6 +242,7 @@ def rank_main(
     """A rank other than 0, in its own fresh process: join, run `target` (train its shards), leave. A collective
     that broke because a peer is gone is not this rank's error: rank 0 reports the run lost."""
     die_with_parent()
+    keep_large_allocations()
     _watch_parent(parent)
     _localhost_only()
     torch.set_num_threads(threads)

@@ -12,7 +12,7 @@ import time
 import traceback
 
 from core.names import CHECKPOINT_FILES, SYS_CPU, SYS_HOST_CPU, SYS_RSS, gpu_key
-from core.process import die_with_parent
+from core.process import die_with_parent, keep_large_allocations
 from core.redact import redact_logs
 from worker.settings import WorkerSettings
 
@@ -224,6 +224,7 @@ def spare_main(conn, pulse=None, ready=None) -> None:
     each process still serves exactly one run and exits. `ready` (a shared double) gets the monotonic time
     its imports were done, so the worker can tell whether a run had to wait for them."""
     die_with_parent()
+    keep_large_allocations()  # a run's batches and activations reuse their memory from step to step
     redact_logs()
     start_pulse(pulse)
     import worker.preload  # noqa: F401 - the point: torch, torchvision, core and the digits reader imported

@@ -16,6 +16,7 @@ from core.cached_images import CachedImages
 from core.data import DataError, Preprocess, Split, load_data, stratified_split
 from core.imagefolder import LazyImages
 from core.spec_sections import AugmentSpec, DataSpec, LoaderSpec
+from tests._images import whole
 
 CPU = torch.device("cpu")
 RED, BLUE, GREEN = (220, 20, 20), (20, 20, 220), (20, 200, 20)
@@ -58,7 +59,7 @@ def _folder(path: Path, **kw) -> DataSpec:
 
 def _mean_colour_by_label(bundle) -> dict[str, list[float]]:
     x, y = (
-        torch.cat([bundle.train.images, bundle.val.images]).float(),
+        torch.cat([whole(bundle.train.images), whole(bundle.val.images)]).float(),
         torch.cat([bundle.train.labels, bundle.val.labels]),
     )
     return {name: x[y == i].mean(dim=(0, 2, 3)).tolist() for i, name in enumerate(bundle.info.class_names)}
@@ -339,7 +340,7 @@ def test_imagefolder_from_a_zip_equals_the_folder(tmp_path, wrap):
     from_dir = load_data(_folder(root), seed=0)
     from_zip = load_data(_folder(_zip(root, tmp_path / "pets.zip", wrap)), seed=0)
     assert from_zip.info.class_names == ["cat", "dog"]
-    assert torch.equal(from_zip.train.images, from_dir.train.images)
+    assert torch.equal(whole(from_zip.train.images), whole(from_dir.train.images))
     assert torch.equal(from_zip.val.labels, from_dir.val.labels)
 
 
@@ -348,13 +349,15 @@ def test_lazy_and_eager_image_folders_agree(tmp_path, disk_cache):
     root = _tree(tmp_path / "pets", {"cat": RED, "dog": BLUE})
     eager, lazy = load_data(_folder(root), seed=0), load_data(_folder(root, cache_mb=0, disk_cache=disk_cache), seed=0)
     kind = CachedImages if disk_cache else LazyImages
-    assert isinstance(eager.train.images, torch.Tensor) and isinstance(lazy.train.images, kind)
-    assert torch.equal(torch.stack([lazy.train.images[i] for i in range(len(lazy.train))]), eager.train.images)
+    assert isinstance(eager.train.images, CachedImages) and eager.train.images.held  # served from the cache's pages
+    assert isinstance(lazy.train.images, kind) and not getattr(lazy.train.images, "held", False)
+    lazily = torch.stack([lazy.train.images[i] for i in range(len(lazy.train))])
+    assert torch.equal(lazily, whole(eager.train.images))
     assert eager.info.mean == pytest.approx(lazy.info.mean) and eager.info.channels == lazy.info.channels
 
 
 def _all_images(b) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.cat([b.train.images, b.val.images]), torch.cat([b.train.labels, b.val.labels])
+    return torch.cat([whole(b.train.images), whole(b.val.images)]), torch.cat([b.train.labels, b.val.labels])
 
 
 def _colours(x: torch.Tensor) -> set[tuple[int, ...]]:

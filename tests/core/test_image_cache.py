@@ -146,7 +146,8 @@ def test_a_set_larger_than_memory_is_served_from_the_cache_in_the_same_batches(t
     root = _photos(tmp_path / "pets")
     in_memory, _ = _load(root)
     cached, said = _load(root, cache_mb=0)
-    assert isinstance(in_memory.train.images, torch.Tensor) and isinstance(cached.train.images, CachedImages)
+    assert isinstance(in_memory.train.images, CachedImages) and isinstance(cached.train.images, CachedImages)
+    assert in_memory.train.images.held and not cached.train.images.held  # served from its pages, not read per batch
     assert "read from the image cache" in said[0]  # the first load built it
     a = make_batches(in_memory.train, 7, True, CPU, 3, LoaderSpec())
     b = make_batches(cached.train, 7, True, CPU, 3, LoaderSpec())

@@ -26,6 +26,7 @@ from core.export_report import export_meta
 from core.models import build_model
 from core.spec_sections import DataSpec, ModelSpec
 from core.train import export_run, run_training
+from tests._images import whole
 
 CPU = torch.device("cpu")
 TV_MODEL = "mobilenet_v3_small"  # the cheapest torchvision classifier at 224 px
@@ -98,7 +99,7 @@ def test_a_640x480_photo_keeps_its_aspect_a_circle_stays_a_circle(tmp_path, cach
             _disc(root / label / f"{i}.png", 640, 480, radius=200)
     spec = DataSpec(name="imagefolder", path=str(root), image_size=48, cache_mb=cache_mb, disk_cache=disk_cache)
     b = load_data(spec, seed=0)
-    assert isinstance(b.train.images, torch.Tensor) == (cache_mb > 0)
+    assert getattr(b.train.images, "held", False) == (cache_mb > 0)  # held in memory: the image cache's pages
     assert isinstance(b.train.images, LazyImages) == (not disk_cache)
     img = b.train.images[0].numpy()
     assert img.shape == (3, 48, 48)
@@ -172,9 +173,9 @@ def test_source_dataset_and_overrides_replace_the_weights_choices(tmp_path, plan
     assert (b.info.image_size, rec["resize"], rec["interpolation"]) == (32, 48, "bicubic")
     assert rec["source"] == "weights" and "data.preprocess.mean/std" in rec["overridden"]
     assert tuple(b.train.images.shape[1:]) == (3, 48, 48)
-    x = Preprocess(b.info, None, CPU)(b.val.images)
+    x = Preprocess(b.info, None, CPU)(whole(b.val.images))
     assert tuple(x.shape[1:]) == (3, 32, 32)
-    raw = b.val.images[:, :, 8:40, 8:40].float() / 255  # the centre 32 px of the stored 48
+    raw = whole(b.val.images)[:, :, 8:40, 8:40].float() / 255  # the centre 32 px of the stored 48
     assert torch.allclose(x, (raw - 0.5) / 0.25, atol=1e-5)
 
 

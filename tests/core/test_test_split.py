@@ -25,6 +25,7 @@ from core.spec_sections import DataSpec
 from core.splits import carve_test
 from core.train import run_training
 from sweep.spec import SweepSpec
+from tests._images import whole
 
 CPU = torch.device("cpu")
 
@@ -88,14 +89,14 @@ def test_an_image_folder_with_a_test_folder_is_tested_on_it(tmp_path):
     b = load_data(DataSpec(name="imagefolder", path=str(tmp_path / "photos"), image_size=6), seed=0)
     assert b.info.class_names == ["blue", "red"]  # train/ and test/ are not classes
     assert (b.info.test_source, b.info.num_test, b.info.num_train + b.info.num_val) == ("folder", 6, 16)
-    assert sorted(b.test.images[:, 1, 0, 0].tolist()) == [100, 100, 101, 101, 102, 102]
+    assert sorted(whole(b.test.images)[:, 1, 0, 0].tolist()) == [100, 100, 101, 101, 102, 102]
     assert b.test.labels.tolist() == [0, 0, 0, 1, 1, 1]
-    assert int(torch.cat([b.train.images, b.val.images])[:, 1].max()) < 100
+    assert int(torch.cat([whole(b.train.images), whole(b.val.images)])[:, 1].max()) < 100
     # with a val/ folder too, validation is that folder: nothing of train/ is held out for it
     _classes(tmp_path / "photos" / "val", 2, green=50)
     b = load_data(DataSpec(name="imagefolder", path=str(tmp_path / "photos"), image_size=6), seed=0)
     assert (b.info.num_train, b.info.num_val, b.info.num_test) == (16, 4, 6)
-    assert sorted(b.val.images[:, 1, 0, 0].unique().tolist()) == [50, 51]
+    assert sorted(whole(b.val.images)[:, 1, 0, 0].unique().tolist()) == [50, 51]
 
 
 def test_a_test_folder_or_test_path_with_other_classes_is_refused(tmp_path):
