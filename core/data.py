@@ -9,6 +9,7 @@ batched tensor ops on the device, so they cost the same for every source.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -24,7 +25,7 @@ from core.cached_images import CachedImages
 from core.catalog import DatasetEntry
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
-from core.imagefolder import DataError, DataNotFoundError, LazyImages, Reading, load_imagefolder  # noqa: F401
+from core.imagefolder import DataError, DataNotFoundError, LazyImages, Reading, folder_fingerprint, load_imagefolder  # noqa: F401
 from core.preprocess_ops import centre_crop, for_loader, input_size, plan_for, resize_batch, statistics
 from core.preprocess_ops import store as store_images
 from core.spec_sections import AugmentSpec, DataSpec, ModelSpec
@@ -53,6 +54,8 @@ class DataInfo:
     class_counts: list[int] = field(default_factory=list)  # training samples per class, in class_names' order
     num_test: int = 0  # the held-out test split's samples (0: none)
     test_source: str = "none"  # where it comes from: core/splits.py's TEST_SOURCES
+    # what the data was: an image folder's files (names, sizes, times), else a hash of the loaded images and labels
+    fingerprint: str = ""
 
     @property
     def num_classes(self) -> int:
@@ -173,6 +176,7 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
     loader_spec = for_loader(spec, plan, size)
     extra = {"reading": reading} if entry.kind == "folder" else {}
     images, labels, classes, skipped = LOADERS[entry.kind](entry, loader_spec, seed, **extra)
+    content = folder_fingerprint(spec.path or "") if entry.kind == "folder" else _content_hash(images, labels)
 
     def fit(im, y):  # stored at the model's side, then data.limit: the loaded samples and a part read elsewhere
         return limited(store_images(im, plan, size, spec.cache_mb), y, spec.limit, seed)
@@ -199,8 +203,18 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
         class_counts=torch.bincount(train.labels, minlength=len(classes)).tolist(),
         num_test=len(parts.test or ()),
         test_source=parts.test_source,
+        fingerprint=content,
     )
     return DataBundle(info, train, val, test)
+
+
+def _content_hash(images: torch.Tensor, labels: torch.Tensor) -> str:
+    """SHA-256 of a set loaded whole (its uint8 images, then its labels): what the data is."""
+    h = hashlib.sha256()
+    for t in (images, labels):
+        h.update(str(tuple(t.shape)).encode())
+        h.update(memoryview(t.contiguous().numpy()).cast("B"))
+    return h.hexdigest()
 
 
 # --- batched preprocessing on the device ------------------------------------------------

@@ -139,6 +139,12 @@ def _class_files(source: Source, label: str, part: str | None = None) -> dict[st
     return {c: sorted(classes[c]) for c in sorted(classes)}
 
 
+def folder_fingerprint(path: str) -> str:
+    """What an image folder or zip holds: a hash of every file's name, size and modification time (a zip member's
+    CRC), as the image cache keys it; the same files in another place give the same value."""
+    return fingerprint(_open(path).stats())
+
+
 def _open(path: str) -> Source:
     root = Path(path).expanduser()
     if not root.exists():

@@ -187,6 +187,7 @@ def _finish(
     }
     if t is not None:
         summary["parameters"] = count_parameters(t.model)[0]
+        summary["dataset_fingerprint"] = t.data.info.fingerprint or None  # the model registry's lineage
         weights = _score_test(t, spec, out, summary) if status in SUCCESS_STATUSES else None
         epochs = {"best": t.early.best_epoch, "last": t.epoch}
         for which, name in CHECKPOINT_FILES.items():

@@ -436,3 +436,27 @@ def test_bad_image_folders_get_errors_naming_problem_and_path(tmp_path, case):
         load_data(_folder(path), seed=0)
     for needle in needles:
         assert needle in str(e.value), f"{needle!r} not in: {e.value}"
+
+
+def test_a_datasets_fingerprint_says_what_the_data_was_wherever_it_lies(tmp_path):
+    """The model registry's lineage: the same files give the same fingerprint (in another folder too), a changed
+    file another; a set loaded whole is hashed by its content."""
+    import shutil
+
+    from core.config import RunSpec
+    from core.events import MemorySink
+    from core.train import run_training
+
+    root = _tree(tmp_path / "pets", {"cat": RED, "dog": BLUE})
+    first = load_data(_folder(root), seed=0).info.fingerprint
+    assert len(first) == 64 and load_data(_folder(root), seed=1).info.fingerprint == first
+    moved = shutil.copytree(root, tmp_path / "elsewhere" / "pets", copy_function=shutil.copy2)  # times kept
+    assert load_data(_folder(moved), seed=0).info.fingerprint == first
+    _png(root / "dog" / "0.png", color=GREEN, size=9)  # one photo replaced
+    assert load_data(_folder(root), seed=0).info.fingerprint != first
+    digits = load_data(DataSpec(name="digits"), seed=0).info.fingerprint
+    assert digits == load_data(DataSpec(name="digits", val_fraction=0.3), seed=5).info.fingerprint
+    assert digits != load_data(DataSpec(name="synthetic"), seed=0).info.fingerprint
+    spec = RunSpec.from_dict({"data": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"epochs": 1}})
+    summary = run_training(spec, tmp_path / "run", MemorySink())
+    assert summary["dataset_fingerprint"] == digits  # what the registry records for a version of this run
