@@ -62,26 +62,60 @@ def resize_and_crop(img, resize: int, size: int, interpolation: str):
     return _centre(img, size) if size != resize else img
 
 
+ALPHA_MODES = ("RGBA", "LA", "PA", "P", "La", "RGBa")
+
+
+def to_channels(img, channels: int):
+    """The image in the training's mode (core/decode.py's decode): transparent pixels on white for an RGB model,
+    16-bit and float grayscale scaled to 8 bits (PIL's own convert clips them to white), then L or RGB."""
+    from PIL import Image
+
+    mode = "L" if channels == 1 else "RGB"
+    if img.mode in ALPHA_MODES and mode == "RGB":
+        img = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)), img)
+    elif img.mode.startswith("I") or img.mode == "F":  # 32-bit, 16-bit and float grayscale
+        arr = np.asarray(img, dtype=np.float64)
+        if img.mode == "F":
+            arr = arr * 255.0 if arr.size and arr.max() <= 1.0 else arr
+        elif arr.size and arr.max() > 255:  # 16-bit data: 0..65535
+            arr = arr / 257.0
+        img = Image.fromarray(np.clip(arr.round(), 0, 255).astype(np.uint8), mode="L")
+    return img.convert(mode)
+
+
+def seen_and_input(img, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(what the model sees: the uint8 image after the mode conversion, resize and centre crop, HW or HWC;
+    the normalised float32 input, NCHW with N = 1) of an opened PIL image."""
+    size = meta["image_size"]
+    img = to_channels(img, meta["channels"])
+    img = resize_and_crop(img, meta.get("resize", size), size, meta.get("interpolation", "bilinear"))
+    seen = np.asarray(img, dtype=np.uint8)
+    x = seen.astype(np.float32) / 255.0
+    x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)  # HW or HWC → CHW
+    mean = np.asarray(meta["mean"], dtype=np.float32)[:, None, None]
+    std = np.asarray(meta["std"], dtype=np.float32)[:, None, None]
+    return seen, ((x - mean) / std)[None].astype(np.float32)
+
+
 def preprocess(image_path: Path, meta: dict) -> np.ndarray:
     """The training preprocessing: channels as recorded, shorter-side resize and centre crop, pixel/255,
     (x - mean) / std, NCHW."""
     from PIL import Image
 
-    size = meta["image_size"]
     with Image.open(image_path) as img:
-        img = img.convert("L" if meta["channels"] == 1 else "RGB")
-        img = resize_and_crop(img, meta.get("resize", size), size, meta.get("interpolation", "bilinear"))
-        x = np.asarray(img, dtype=np.float32) / 255.0
-    x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)  # HW or HWC → CHW
-    mean = np.asarray(meta["mean"], dtype=np.float32)[:, None, None]
-    std = np.asarray(meta["std"], dtype=np.float32)[:, None, None]
-    return ((x - mean) / std)[None].astype(np.float32)
+        return seen_and_input(img, meta)[1]
+
+
+def probabilities(session, x: np.ndarray) -> np.ndarray:
+    """Softmax of the model's logits for the NCHW batch `x`, one row per image."""
+    logits = session.run(None, {session.get_inputs()[0].name: x})[0]
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))  # shifted so exp cannot overflow
+    return p / p.sum(axis=1, keepdims=True)
 
 
 def classify(session, meta: dict, image_path: Path) -> tuple[str, float]:
-    logits = session.run(None, {session.get_inputs()[0].name: preprocess(image_path, meta)})[0][0]
-    p = np.exp(logits - logits.max())  # softmax, shifted so exp cannot overflow
-    p /= p.sum()
+    p = probabilities(session, preprocess(image_path, meta))[0]
     k = int(p.argmax())
     return meta["class_names"][k], float(p[k])
 

@@ -1,5 +1,5 @@
 """Run: status, progress and ETA, live charts, diagnosis, evaluation, events, samples, spec,
-artifacts with export now. While the run is active, only the fragments refresh (every
+artifacts with export now, predictions by its ONNX export. While the run is active, only the fragments refresh (every
 queries.REFRESH_S seconds); the rest of the page never reruns on a timer."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollo
 from app.ui import (
     frame,
     lr_finder_view,
+    predict_view,
     preprocessing_view,
     queries,
     run_charts,
@@ -262,9 +263,9 @@ def main() -> None:
     test_view.show(r)  # the held-out test split's scores, once the run has ended
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
     tabs = st.tabs(
-        ["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts"], key=K("tab"), on_change="rerun"
+        ["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts", "Predict"], key=K("tab"), on_change="rerun"
     )
-    charts_tab, details_tab, samples_tab, spec_tab, files_tab = tabs
+    charts_tab, details_tab, samples_tab, spec_tab, files_tab, predict_tab = tabs
     if charts_tab.open is not False:
         with charts_tab:
             xmode, smoothing, ncols = chart_controls()
@@ -289,6 +290,9 @@ def main() -> None:
             run_files.artifacts_panel(r)
             if r.finished:
                 run_files.export_panel(r)
+    if predict_tab.open:
+        with predict_tab:
+            predict_view.show(r)  # the verified ONNX export on images the user drops
 
 
 main()
