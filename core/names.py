@@ -41,6 +41,9 @@ JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a
 RUN_TASK = "torchdeck.execute_run"
 PREFLIGHT_TASK = "torchdeck.preflight"
 EXPORT_TASK = "torchdeck.export"
+# A registered model's alias moved: the dashboard asks a jobs worker to post the run-end webhook's kind of message
+# (worker/alias_notify.py), only when the webhook is set (WEBHOOK_URL_ENV: worker/settings.py's webhook_url).
+ALIAS_MOVED_TASK, WEBHOOK_URL_ENV = "torchdeck.alias_moved", "TORCHDECK_WEBHOOK_URL"
 # The pre-flight's overfit-one-batch check (New run page): an interactive budget, on the jobs worker's CPU.
 PREFLIGHT_OVERFIT_STEPS, PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_LR = 40, 16, 3e-3
 PREFLIGHT_OVERFIT_S = 20.0  # it stops after this many seconds, whatever the steps left

@@ -29,6 +29,17 @@ class RunStillActive(ValueError):
         self.run_id = run_id
 
 
+class RunRegistered(ValueError):
+    """Deleting a run whose exports are versions of registered models would break their links (by alias too)."""
+
+    def __init__(self, run_id: str, versions: list[str]) -> None:
+        super().__init__(
+            f"run {run_id!r} holds the files of registered model version(s) {', '.join(versions)}: deleting it would "
+            "break their download links"
+        )
+        self.run_id, self.versions = run_id, versions
+
+
 class QueueLimitReached(ValueError):
     """An owner has as many queued runs as the deployment allows (TORCHDECK_MAX_QUEUED_PER_OWNER)."""
 

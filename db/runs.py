@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 from core.names import spec_hash
 from core.redact import redact
 from db.engine import connection_scope, session_scope
-from db.errors import RunNotFound, RunStillActive
+from db.errors import RunNotFound, RunRegistered, RunStillActive
 from db.metrics import lock_run_for_append
-from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
+from db.models import Artifact, Event, Metric, MetricRollup, ModelVersion, Run, RunTag
 from db.quota import check_queued
 from db.run_labels import check_tags
 from db.run_records import get_run, load_runs, require_run
@@ -336,7 +336,8 @@ def delete_run(engine: Engine, run_id: str, *, force: bool = False) -> list[str]
     """Delete a run with its metrics, events, artifacts and tags; returns the
     artifact URIs, whose files the caller removes. Children keep existing
     (their parent link is cleared). A running run needs `force=True`; a lost
-    run's process, if it still lives, finds its run gone and stops.
+    run's process, if it still lives, finds its run gone and stops. A run whose
+    exports are versions of registered models is refused (RunRegistered).
 
     The run's row is locked first (Postgres: FOR UPDATE; SQLite: the write
     lock of BEGIN IMMEDIATE) and the final DELETE is conditional on the status
@@ -349,6 +350,11 @@ def delete_run(engine: Engine, run_id: str, *, force: bool = False) -> list[str]
         status = conn.execute(select(Run.status).where(Run.id == run_id).with_for_update()).scalar_one()
         if status not in deletable:
             raise RunStillActive(run_id, status)
+        held = conn.execute(
+            select(ModelVersion.model_name, ModelVersion.version).where(ModelVersion.run_id == run_id)
+        ).all()
+        if held:
+            raise RunRegistered(run_id, [f"{name} v{version}" for name, version in held])
         uris = list(conn.execute(select(Artifact.uri).where(Artifact.run_id == run_id)).scalars())
         for model in (Metric, MetricRollup, Event, Artifact, RunTag):
             conn.execute(delete(model.__table__).where(model.__table__.c.run_id == run_id))

@@ -34,6 +34,7 @@ NOTES_LEN = 10_000  # a run's notes, in characters
 KEY_LEN = MAX_METRIC_KEY  # metric keys (core.names builds the ones made from user input)
 EVENT_KEY_LEN = 160
 WORKER_ID_LEN = 200
+ALIAS_LEN = 64  # a registered model's alias (`production`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from worker.settings import WorkerSettings
 
 def make_app(settings: WorkerSettings | None = None) -> Celery:
     s = settings or WorkerSettings()
-    app = Celery("torchdeck", broker=s.broker_url, include=["worker.tasks", "worker.jobs"])
+    app = Celery("torchdeck", broker=s.broker_url, include=["worker.tasks", "worker.jobs", "worker.alias_notify"])
     app.conf.update(
         # JSON only: a message never carries pickled code.
         task_serializer="json",

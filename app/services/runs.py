@@ -15,6 +15,7 @@ from app.services.broker import broker_url, enqueue, get_engine
 from app.services.owners import owner_label
 from core.config import RunSpec
 from core.redact import redact
+from db.errors import RunRegistered
 from db.repo import RunNotFound, RunRecord, RunStillActive, delete_run, get_run, request_cancel
 from db.repo import follow as follow_run
 from db.repo import set_notes as store_notes
@@ -108,7 +109,8 @@ def unfollow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
 
 def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
     """Delete a finished run with its rows and its files under the artifact root. Only the run's owner or an
-    admin may (app.auth.PermissionDenied otherwise)."""
+    admin may (app.auth.PermissionDenied otherwise); a run holding a registered model version's files is refused
+    (db.errors.RunRegistered)."""
     engine = engine or get_engine()
     run = get_run(engine, run_id)
     check_can_modify(by, run, "delete", owner_label(run.owner, engine))
@@ -137,6 +139,8 @@ def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> s
         return str(e)
     except RunStillActive:
         return f"run {run_id} is still running: cancel it first"
+    except RunRegistered as e:
+        return str(e)
     except RunNotFound:
         return None
     return None

@@ -40,12 +40,13 @@ PAGES = (
     PageInfo("app_pages/run.py", "Run", ":material/monitoring:", "run", "Experiments"),
     PageInfo("app_pages/compare.py", "Compare", ":material/compare_arrows:", "compare", "Experiments"),
     PageInfo("app_pages/sweep.py", "Sweeps", ":material/tune:", "sweep", "Experiments"),
+    PageInfo("app_pages/models.py", "Models", ":material/deployed_code:", "models", "Experiments"),
     # An artifact's download (and shareable link): opened from the Run page's artifacts, never on its own.
     PageInfo("app_pages/artifact.py", "Artifact", ":material/download:", "artifact", "Experiments", hidden=True),
     PageInfo("app_pages/workers.py", "Workers", ":material/memory:", "workers", "Resources"),
     PageInfo("app_pages/datasets.py", "Datasets", ":material/folder_zip:", "datasets", "Resources"),
 )
-OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, ARTIFACT, WORKERS, DATASETS = (p.path for p in PAGES)
+OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, MODELS, ARTIFACT, WORKERS, DATASETS = (p.path for p in PAGES)
 
 
 def navigation(root: Path) -> dict[str, list]:

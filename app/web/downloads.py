@@ -83,15 +83,21 @@ def attachment(filename: str) -> str:
 
 def download(request):
     """The route: the artifact's bytes streamed, or a plain-text refusal (403, 400, 404, 409)."""
+    why = refusal(request)
+    if why is not None:
+        return _plain(403, why)
+    return stream(request.path_params["artifact_id"])
+
+
+def stream(artifact_id: str, filename: str | None = None):
+    """The artifact's bytes as the route answers (a request already admitted): streamed, re-checked against its
+    SHA-256, an attachment named `filename` (default its own name); or a plain-text refusal (400, 404, 409). The
+    model registry's stable links (app/web/model_downloads.py) answer through it too."""
     from starlette.responses import StreamingResponse
 
     from app.services import artifacts
     from db.errors import ArtifactNotFound
 
-    why = refusal(request)
-    if why is not None:
-        return _plain(403, why)
-    artifact_id = request.path_params["artifact_id"]
     try:
         record, pieces = artifacts.artifact_pieces(artifact_id)
     except artifacts.InvalidArtifactId as e:
@@ -103,7 +109,7 @@ def download(request):
     except (artifacts.ArtifactUnavailable, OSError) as e:
         return _plain(404, str(e))
     headers = {
-        "Content-Disposition": attachment(artifacts.artifact_filename(record)),
+        "Content-Disposition": attachment(filename or artifacts.artifact_filename(record)),
         "Cache-Control": "no-store",
         "X-Content-Type-Options": "nosniff",
     }

@@ -32,8 +32,10 @@ def seed_run(
     epochs: int = 0,
     lr: float = 0.001,
     val_acc: float = 0.9,
+    fingerprint: str | None = None,
 ) -> repo.RunRecord:
-    """A run in any state, with `steps` per-step points and `epochs` per-epoch points."""
+    """A run in any state, with `steps` per-step points and `epochs` per-epoch points (and, when it ended, its
+    dataset's `fingerprint` in its summary, as core/train.py records it)."""
     s = {**DIGITS, **(spec or {}), "optim": {"lr": lr}}
     s = RunSpec.model_validate(s).model_dump(mode="json")
     r = repo.create_run(engine, s, name=name, owner=owner, tags=list(tags))
@@ -62,7 +64,14 @@ def seed_run(
         engine,
         r.id,
         status,
-        summary={"status": status, "best": best, "epochs_run": epochs, "wall_time_s": 12.5, "parameters": 71754},
+        summary={
+            "status": status,
+            "best": best,
+            "epochs_run": epochs,
+            "wall_time_s": 12.5,
+            "parameters": 71754,
+            **({"dataset_fingerprint": fingerprint} if fingerprint else {}),
+        },
     )
     return repo.get_run(engine, r.id)
 
