@@ -13,13 +13,15 @@ in is written anywhere: the bytes live in memory for the request.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from sqlalchemy import Engine
 
 from app.services.artifacts import artifact_problem, latest_by_kind, open_artifact
 from core import export_predict
-from core.names import MAX_IMAGE_PIXELS, SUCCESS_STATUSES
+from core.names import IMAGE_EXTENSIONS, MAX_IMAGE_PIXELS, SUCCESS_STATUSES
 from db.repo import ArtifactRecord
 
 MAX_FILE_BYTES = 20 * 1024 * 1024  # one photo is a few MB; a larger file is not worth holding in memory
@@ -162,3 +164,61 @@ def digits_samples(count: int, seed: int) -> list[tuple[str, bytes, str]]:
         Image.fromarray(pixels, mode="L").save(buf, format="PNG")
         out.append((f"digits #{int(i)}", buf.getvalue(), str(d.target[i])))
     return out
+
+
+SPLIT_FOLDERS = ("test", "val", "train")  # a folder laid out in splits: its images are taken from the first found
+
+
+def folder_samples(path: str, count: int, seed: int) -> list[tuple[str, bytes, str]]:
+    """`count` images of an image folder or zip (<root>/<class>/<image>, or <root>/{train,val,test}/<class>/…: from
+    test/, else val/, else train/) as (name, bytes, true class), chosen by `seed`: a class at random, then one of its
+    images at random, so a large folder is never listed whole. OSError/ValueError when it cannot be read here."""
+    root = Path(path).expanduser()
+    rng = np.random.default_rng(seed)
+    if zipfile.is_zipfile(root):
+        return _zip_samples(root, count, rng)
+    top = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    split = next((s for s in SPLIT_FOLDERS if s in top), None)
+    if split is not None:
+        root = root / split
+        top = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not top:
+        raise ValueError(f"{path} has no class folders")
+    out: list[tuple[str, bytes, str]] = []
+    for _ in range(count * 4):  # a class without images is skipped; a few tries, not a walk of everything
+        if len(out) == count:
+            break
+        label = top[int(rng.integers(len(top)))]
+        files = sorted(
+            e.name
+            for e in os.scandir(root / label)
+            if e.is_file() and Path(e.name).suffix.lower() in IMAGE_EXTENSIONS and e.stat().st_size <= MAX_FILE_BYTES
+        )
+        if files:
+            name = files[int(rng.integers(len(files)))]
+            out.append((f"{label}/{name}", (root / label / name).read_bytes(), label))
+    return out
+
+
+def _zip_samples(root: Path, count: int, rng: np.random.Generator) -> list[tuple[str, bytes, str]]:
+    with zipfile.ZipFile(root) as zf:
+        members = [
+            i
+            for i in zf.infolist()
+            if not i.is_dir()
+            and Path(i.filename).suffix.lower() in IMAGE_EXTENSIONS
+            and i.file_size <= MAX_FILE_BYTES
+            and not any(p.startswith(".") or p == "__MACOSX" for p in PurePosixPath(i.filename).parts)
+        ]
+        parts = [PurePosixPath(i.filename).parts for i in members]
+        for split in SPLIT_FOLDERS:  # a split layout, possibly under one wrapping folder
+            chosen = [m for m, p in zip(members, parts, strict=True) if len(p) >= 3 and split in p[:-2]]
+            if chosen:
+                members = chosen
+                break
+        if not members:
+            raise ValueError(f"{root} holds no images")
+        picked = rng.choice(len(members), size=min(count, len(members)), replace=False)
+        return [
+            (members[i].filename, zf.read(members[i]), PurePosixPath(members[i].filename).parts[-2]) for i in picked
+        ]

@@ -1,4 +1,4 @@
-"""The Run page's Predict tab: images dropped by the user (or a few of the builtin digits) classified by the run's
+"""The Run page's Predict tab: images dropped by the user (or a few of the run's dataset) classified by the run's
 verified ONNX export, each with its top classes, the image the model saw and the server's time for it.
 
 The model runs in the dashboard's process (app/services/predict.py says why and what bounds a request). Its ONNX
@@ -15,14 +15,17 @@ import streamlit as st
 
 from app.present import text as f
 from app.services import predict
-from app.services.artifacts import ArtifactUnavailable
+from app.services.artifacts import ArtifactUnavailable, artifact_root
+from app.services.paths import check_paths
 from app.ui import frame, queries
+from core import catalog
+from core.config import RunSpec
 from db.errors import ArtifactNotFound
 from db.types import RunRecord
 
 K = frame.page_state("run.predict")
 MAX_SESSIONS = 4  # loaded exports kept at once: a resnet50's session is ~100 MB
-DIGITS_SHOWN = 6  # images taken from the digits dataset per click
+DIGITS_SHOWN = 6  # images taken from the run's dataset per click
 SEEN_WIDTH = 112  # pixels on the page of the image the model saw (an 8×8 digit is drawn larger)
 
 
@@ -75,20 +78,32 @@ def show(r: RunRecord) -> None:
 
 
 def dataset_samples(r: RunRecord) -> list[tuple[str, bytes, str]]:
-    """A few images of the run's dataset when it is the builtin digits and the user asks; else why not."""
+    """A few images of the run's dataset (the builtin digits, or an image folder or zip this server can read and the
+    run may) when the user asks; else why not."""
     data = (r.spec or {}).get("data") or {}
-    if data.get("name") != "digits":
+    folder = catalog.is_folder(data.get("name")) and bool(data.get("path"))
+    if data.get("name") != "digits" and not folder:
         st.caption(
             f"Images from the run's dataset ({f.md_text(data.get('name', 'unknown'))}) are not offered here: "
-            "the dashboard reads only the builtin digits. Drop images above."
+            "the dashboard reads the builtin digits and image folders. Drop images above."
         )
         return []
     key = K(f"digits.{r.id}")
-    if st.button(f"Take {DIGITS_SHOWN} digits from the dataset", icon=":material/casino:", key=K(f"take.{r.id}")):
+    if st.button(f"Take {DIGITS_SHOWN} images from the dataset", icon=":material/casino:", key=K(f"take.{r.id}")):
         st.session_state[key] = st.session_state.get(key, -1) + 1
     if key not in st.session_state:
         return []
-    return predict.digits_samples(DIGITS_SHOWN, seed=st.session_state[key])
+    if not folder:
+        return predict.digits_samples(DIGITS_SHOWN, seed=st.session_state[key])
+    try:  # the folder a run may read (its owner's uploads, the allowed roots), as the run's own check says today
+        spec = check_paths(RunSpec.model_validate(dict(r.spec)), queries.engine(), artifact_root())
+        return predict.folder_samples(spec.data.path or "", DIGITS_SHOWN, seed=st.session_state[key])
+    except (ValueError, OSError) as e:
+        st.warning(
+            f"The run's dataset cannot be read on this server: {f.md_text(str(e)[:300])}. Drop images above.",
+            icon=":material/folder_off:",
+        )
+        return []
 
 
 def result(p: predict.Prediction, truth: str | None) -> None:

@@ -220,3 +220,38 @@ def test_predict_tab_without_an_export_says_so_and_points_to_export_now(page, en
     running = seed_run(engine, "running", spec=DIGITS_8, status="running")
     at = _predict_tab(page("run.py", id=running.id))
     assert any(i.value.startswith("The run is running") for i in at.info)
+
+
+def test_images_are_taken_from_an_image_folder_or_zip_with_their_classes(tmp_path):
+    """The Predict tab's "Take images from the dataset" on an image folder: a class at random, then one of its
+    images; a split layout's test/ first; a zip (wrapped in a folder, with macOS's litter) too."""
+    import zipfile
+
+    def write(root: Path, colours: dict[str, tuple[int, int, int]], n: int = 3) -> None:
+        for label, colour in colours.items():
+            (root / label).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.new("RGB", (10 + i, 8), colour).save(root / label / f"{i}.png")
+
+    flat = tmp_path / "flat"
+    write(flat, {"red": (220, 0, 0), "blue": (0, 0, 220)})
+    got = predict.folder_samples(str(flat), 6, seed=0)
+    assert len(got) == 6 and {label for _, _, label in got} == {"red", "blue"}
+    for name, data, label in got:  # each image is the file of its class that it names
+        assert name.startswith(f"{label}/") and data == (flat / name).read_bytes()
+    assert predict.folder_samples(str(flat), 6, seed=0) == got  # the same click, the same images
+    split = tmp_path / "split"
+    write(split / "train", {"red": (220, 0, 0), "blue": (0, 0, 220)})
+    write(split / "test", {"red": (200, 0, 0), "blue": (0, 0, 200)}, n=1)
+    assert {data for _, data, _ in predict.folder_samples(str(split), 4, seed=1)} <= {
+        (split / "test" / c / "0.png").read_bytes() for c in ("red", "blue")
+    }
+    archive = tmp_path / "pets.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for f in sorted(flat.rglob("*.png")):
+            zf.write(f, f"pets/{f.relative_to(flat).as_posix()}")
+        zf.writestr("__MACOSX/pets/red/._0.png", b"not an image")
+    zipped = predict.folder_samples(str(archive), 4, seed=2)
+    assert len(zipped) == 4 and all(n.startswith(f"pets/{label}/") for n, _, label in zipped)
+    with pytest.raises(ValueError, match="no class folders"):
+        predict.folder_samples(str(flat / "red"), 2, seed=0)
