@@ -25,7 +25,16 @@ from core.cached_images import CachedImages
 from core.catalog import DatasetEntry
 
 # DataError lives with the image-folder reader (which raises it) and is re-exported here.
-from core.imagefolder import DataError, DataNotFoundError, LazyImages, Reading, folder_fingerprint, load_imagefolder  # noqa: F401
+from core.imagefolder import (  # noqa: F401
+    DataError,
+    DataNotFoundError,
+    LazyImages,
+    Reading,
+    folder_classes,
+    folder_fingerprint,
+    folder_parts,
+    load_imagefolder,
+)
 from core.preprocess_ops import centre_crop, for_loader, input_size, plan_for, resize_batch, statistics
 from core.preprocess_ops import store as store_images
 from core.spec_sections import AugmentSpec, DataSpec, ModelSpec
@@ -206,6 +215,32 @@ def load_data(spec: DataSpec, seed: int, model: ModelSpec | None = None, reading
         fingerprint=content,
     )
     return DataBundle(info, train, val, test)
+
+
+def load_every(
+    spec: DataSpec,
+    side: int,
+    interpolation: str,
+    mode: str | None = None,
+    seed: int = 0,
+    check: Callable[[list[str]], object] | None = None,
+) -> tuple[Loaded, str]:
+    """Every image of a registered dataset, unsplit, with its fingerprint (as load_data records it): an image folder
+    decoded at `side` (shorter side, then the centred square) in `mode` (L or RGB; None: as its files are), read from
+    its test/ folder when it is laid out as train/ [val/] test/; other sets as their loader gives them (their own
+    side: the caller resizes). `check(class names)` may refuse (raise) before an image folder is decoded. Used to score
+    a finished run's export on other data (core/export_scores.py)."""
+    entry = catalog.dataset(spec.name)
+    check = check or (lambda classes: None)
+    if entry.kind == "folder":
+        part = "test" if "test" in folder_parts(spec.path or "") else None
+        check(folder_classes(spec.path or "", part))
+        args = (spec.path or "", side, spec.max_bad_fraction, spec.cache_mb, interpolation)
+        loaded = load_imagefolder(*args, part=part, mode=mode, reading=Reading(disk_cache=False))
+        return loaded, folder_fingerprint(spec.path or "")
+    loaded = LOADERS[entry.kind](entry, spec, seed)
+    check(loaded[2])
+    return loaded, _content_hash(loaded[0], loaded[1])
 
 
 def _content_hash(images: torch.Tensor, labels: torch.Tensor) -> str:

@@ -139,6 +139,11 @@ def _class_files(source: Source, label: str, part: str | None = None) -> dict[st
     return {c: sorted(classes[c]) for c in sorted(classes)}
 
 
+def folder_classes(path: str, part: str | None = None) -> list[str]:
+    """The class folders of an image folder or zip (of its `part` folder when laid out in splits), nothing decoded."""
+    return list(_class_files(_open(path), path if part is None else f"{path} ({part}/)", part))
+
+
 def folder_fingerprint(path: str) -> str:
     """What an image folder or zip holds: a hash of every file's name, size and modification time (a zip member's
     CRC), as the image cache keys it; the same files in another place give the same value."""

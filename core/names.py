@@ -37,10 +37,13 @@ MULTI_GPU_PREFIX = "gpu-x"
 MAX_RUN_GPUS = 16  # core.spec_sections.ResourcesSpec.gpus's upper bound
 # The queues of single-process runs; multi_gpu_queues() names the others (is_run_queue tells any of them).
 RUN_QUEUES = (GPU_QUEUE, CPU_QUEUE)
-JOBS_QUEUE = "jobs"  # the dashboard's torch jobs (pre-flight, export now), on a small CPU-only worker per host
+# the dashboard's torch jobs (pre-flight, export now, evaluate), on a small CPU-only worker per host
+JOBS_QUEUE = "jobs"
 RUN_TASK = "torchdeck.execute_run"
 PREFLIGHT_TASK = "torchdeck.preflight"
 EXPORT_TASK = "torchdeck.export"
+# A finished run's ONNX export scored on another registered dataset (worker/evaluate_job.py), stored as an evaluation.
+EVALUATE_TASK = "torchdeck.evaluate"
 # A registered model's alias moved: the dashboard asks a jobs worker to post the run-end webhook's kind of message
 # (worker/alias_notify.py), only when the webhook is set (WEBHOOK_URL_ENV: worker/settings.py's webhook_url).
 ALIAS_MOVED_TASK, WEBHOOK_URL_ENV = "torchdeck.alias_moved", "TORCHDECK_WEBHOOK_URL"

@@ -387,3 +387,7 @@ class ModelAliasMove(Base):
     to_version: Mapped[int] = mapped_column(Integer)
     moved_by: Mapped[str] = mapped_column(String(OWNER_LEN))
     moved_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+# Tables declared beside their queries, imported here so that Base.metadata (the migrations, the drift test) has them.
+import db.evaluations  # noqa: E402, F401 - after Base: that module's table derives from it

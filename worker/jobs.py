@@ -1,7 +1,7 @@
 """The dashboard's jobs that need torch: the dashboard never imports torch (and the team image has none),
 and a run's checkpoints may live only on a worker host or in the S3 store.
 
-Two tasks on the `jobs` queue, served by one small CPU-only worker per host (`torchdeck worker` and
+Three tasks on the `jobs` queue, served by one small CPU-only worker per host (`torchdeck worker` and
 `torchdeck up` start it beside the run workers, so a pre-flight never waits behind a long run); each job
 runs in a fresh subprocess, so a crash or a leak never touches the worker:
 
@@ -12,7 +12,10 @@ runs in a fresh subprocess, so a crash or a leak never touches the worker:
   store when this host lacks it, then exports, verifies and registers the files through the database
   sink, as the end of a training run does, into a new folder of the run each time, so an earlier
   export's files are never replaced (worker/export_job.py). Who may ask is checked by the dashboard's
-  service (app/services/jobs.export_now: the run's owner or an admin) before anything is sent.
+  service (app/services/jobs.export_now: the run's owner or an admin) before anything is sent;
+- `torchdeck.evaluate(job_id, run_id, artifact_id, data, dataset, by)`: scores the run's ONNX export (read from
+  the artifact store) on a registered dataset and stores the evaluation (worker/evaluate_job.py). Who may ask
+  (anyone who may read the dataset) is checked by app/services/evaluations.evaluate before anything is sent.
 
 There is no Celery result backend: a job answers through the artifact store, which the app reads too.
 `jobs/<job_id>/started.json` says a worker took the job; `jobs/<job_id>/result.json` (and, for a
@@ -35,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from core.names import CHECKPOINT_FILES, EXPORT_FORMATS, EXPORT_TASK, PREFLIGHT_TASK
+from core.names import CHECKPOINT_FILES, EVALUATE_TASK, EXPORT_FORMATS, EXPORT_TASK, PREFLIGHT_TASK
 from worker.celery_app import app
 from worker.settings import WorkerSettings
 
@@ -43,6 +46,7 @@ log = logging.getLogger("torchdeck.jobs")
 
 PREFLIGHT_TIMEOUT_S = 300
 EXPORT_TIMEOUT_S = 900
+EVALUATE_TIMEOUT_S = 900
 STALE_JOB_S = 3600.0  # an answer still in the store after this was abandoned
 ROOT = Path(__file__).resolve().parents[1]
 _JOB_ID = re.compile(r"^[0-9a-f]{8,64}$")
@@ -210,6 +214,54 @@ def export(
     except Exception as e:  # the answer says what went wrong
         log.exception("export of run %s failed", run_id)
         result = {"ok": False, "output": f"{e.__class__.__name__}: {e}"}
+    result["worker"] = socket.gethostname()
+    _put_json(store, job_id, "result.json", result)
+    return "ok" if result.get("ok") else "failed"
+
+
+# --- evaluate -------------------------------------------------------------------------------------------
+
+
+def run_evaluate(
+    run_id: str, artifact_id: str, data: dict, dataset: str, by: str, timeout_s: float = EVALUATE_TIMEOUT_S
+) -> dict:
+    """worker/evaluate_job.py in a fresh subprocess: {"ok", "evaluation" (its id), "metrics", "images"} or
+    {"ok": False, "error"}."""
+    args = [run_id, artifact_id, json.dumps(data), dataset, by]
+    cmd = [sys.executable, "-m", "worker.evaluate_job", *args]
+    try:
+        done = subprocess.run(
+            cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"the evaluation did not finish within {timeout_s:.0f} s"}
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"ok": False, "error": "the evaluation crashed: " + _tail(done)}
+    trace = answer.pop("traceback", None)  # for the worker's log; the page shows the error
+    if trace:
+        log.warning("evaluation of run %s failed:\n%s", run_id, trace)
+    return answer
+
+
+@app.task(name=EVALUATE_TASK, ignore_result=True)
+def evaluate(
+    job_id: str,
+    run_id: str,
+    artifact_id: str,
+    data: dict,
+    dataset: str,
+    by: str,
+    timeout_s: float = EVALUATE_TIMEOUT_S,
+) -> str:
+    store = WorkerSettings().store()
+    _started(store, job_id)
+    try:
+        result = run_evaluate(run_id, artifact_id, data, dataset, by, timeout_s)
+    except Exception as e:  # noqa: BLE001 - the answer says what went wrong
+        log.exception("evaluation of run %s failed", run_id)
+        result = {"ok": False, "error": f"{e.__class__.__name__}: {e}"}
     result["worker"] = socket.gethostname()
     _put_json(store, job_id, "result.json", result)
     return "ok" if result.get("ok") else "failed"

@@ -13,7 +13,7 @@ from app.present import text as f
 from app.present.figures import COMPARE_X_MODES, X_LABELS
 from app.ui import compare_groups as cg
 from app.ui import compare_view as cv
-from app.ui import frame, queries
+from app.ui import evaluations_view, frame, queries
 from core.names import SYSTEM_PREFIX
 
 K = frame.page_state("cmp")
@@ -206,6 +206,7 @@ def main() -> None:
     if summary_tab.open:
         with summary_tab:
             summary(runs, groups)
+            evaluations_view.compared(runs)  # the runs' scores on the same other datasets
 
 
 def spec_diff(runs) -> None:

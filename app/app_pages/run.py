@@ -14,6 +14,7 @@ from app.present.figures import X_MODES
 from app.services.owners import owner_label
 from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollow
 from app.ui import (
+    evaluations_view,
     frame,
     lr_finder_view,
     predict_view,
@@ -278,6 +279,7 @@ def main() -> None:
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)
+            evaluations_view.show(r)  # the export scored on other registered datasets, on a jobs worker
     if samples_tab.open:
         with samples_tab:
             run_view.samples_panel(r)

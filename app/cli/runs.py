@@ -1,5 +1,5 @@
-"""CLI commands over the queue and the database: submit, status, watch, cancel, runs (the commands that start the
-stack's processes, worker, up and ui, are in start.py)."""
+"""CLI commands over the queue and the database: submit, status, watch, cancel, runs, evaluate (the commands that
+start the stack's processes, worker, up and ui, are in start.py)."""
 
 from __future__ import annotations
 
@@ -207,6 +207,27 @@ def runs(
     typer.echo(f"{page.total} run(s)")
 
 
+def evaluate(
+    run_id: str,
+    data: Annotated[str, typer.Option("--data", help="A built-in or uploaded dataset's name (--path: a name for it).")],
+    path: Annotated[
+        str | None, typer.Option(help="An image folder to read instead (within the readable roots).")
+    ] = None,
+) -> None:
+    """Score a finished run's verified ONNX export on another dataset, on a jobs worker; the evaluation is stored
+    and listed on the Run page."""
+    from app.auth import User
+    from app.services.evaluations import evaluate as do_evaluate
+
+    _get(run_id)
+    owner = cli_owner()
+    record, message = do_evaluate(run_id, data, path, by=User(id=owner, name=owner), engine=_engine())
+    if record is None:
+        typer.secho(message, fg="red", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{record.id}: {message}")
+
+
 def register(app: typer.Typer) -> None:
-    for fn in (submit, status, watch, cancel, runs):
+    for fn in (submit, status, watch, cancel, runs, evaluate):
         app.command(fn.__name__)(fn)

@@ -30,6 +30,7 @@ TABLES = {
     "sweep_trial",
     "sweep_decision",
     "follow",
+    "evaluation",
 }
 
 
