@@ -94,6 +94,22 @@ def _tail(done: subprocess.CompletedProcess, n: int = 5) -> str:
     return " / ".join((done.stderr or done.stdout or "").strip().splitlines()[-n:])
 
 
+def _job_process(module: str, args: list[str], timeout_s: float, what: str) -> tuple[dict | None, str]:
+    """`python -m module *args` in a fresh subprocess on this host: (the JSON answer on its last line of output, "")
+    or (None, why: it ran past timeout_s, or ended without an answer)."""
+    cmd = [sys.executable, "-m", module, *args]
+    try:
+        done = subprocess.run(
+            cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"{what} did not finish within {timeout_s:.0f} s"
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1]), ""
+    except (IndexError, ValueError):
+        return None, f"{what} crashed: " + _tail(done)
+
+
 # --- pre-flight -----------------------------------------------------------------------------------------
 
 
@@ -183,17 +199,10 @@ def run_export(
             "output": f"run {run_id} has no {checkpoint} checkpoint on {socket.gethostname()} nor in "
             f"the artifact store {store.url}",
         }
-    cmd = [sys.executable, "-m", "worker.export_job", run_id, checkpoint, ",".join(formats), job_id]
-    try:
-        done = subprocess.run(
-            cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
-        )
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "output": f"export did not finish within {timeout_s:.0f} s"}
-    try:
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {"ok": False, "output": "export crashed: " + _tail(done)}
+    args = [run_id, checkpoint, ",".join(formats), job_id]
+    answer, why = _job_process("worker.export_job", args, timeout_s, "export")
+    if answer is None:
+        return {"ok": False, "output": why}
     if answer.get("error"):
         return {"ok": False, "output": answer["error"], "added": []}
     verdicts = ", ".join(
@@ -228,17 +237,9 @@ def run_evaluate(
     """worker/evaluate_job.py in a fresh subprocess: {"ok", "evaluation" (its id), "metrics", "images"} or
     {"ok": False, "error"}."""
     args = [run_id, artifact_id, json.dumps(data), dataset, by]
-    cmd = [sys.executable, "-m", "worker.evaluate_job", *args]
-    try:
-        done = subprocess.run(
-            cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=_child_env()
-        )
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"the evaluation did not finish within {timeout_s:.0f} s"}
-    try:
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {"ok": False, "error": "the evaluation crashed: " + _tail(done)}
+    answer, why = _job_process("worker.evaluate_job", args, timeout_s, "the evaluation")
+    if answer is None:
+        return {"ok": False, "error": why}
     trace = answer.pop("traceback", None)  # for the worker's log; the page shows the error
     if trace:
         log.warning("evaluation of run %s failed:\n%s", run_id, trace)
