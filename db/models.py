@@ -390,4 +390,5 @@ class ModelAliasMove(Base):
 
 
 # Tables declared beside their queries, imported here so that Base.metadata (the migrations, the drift test) has them.
+import db.alerts  # noqa: E402, F401 - after Base: that module's tables derive from it
 import db.evaluations  # noqa: E402, F401 - after Base: that module's table derives from it

@@ -102,6 +102,11 @@ def summary_text(run: RunRecord, best: Mapping[str, Any] | None, error: str | No
         parts.append(url)
     if error:
         parts.append(f"error: {error}")
+    return slack_line(parts)
+
+
+def slack_line(parts: Sequence[str]) -> str:
+    """Parts joined by ` · ` as one Slack message: escaped (slack_escape), at most TEXT_LIMIT characters."""
     return _bounded_markup(slack_escape(" · ".join(parts)), TEXT_LIMIT)
 
 

@@ -1,7 +1,8 @@
 """The reaper, one of the worker's background duties (worker/tasks.py runs it every reap_every_s): runs whose
 worker died are sent again to resume from their last checkpoint, until max_attempts; runs whose broker message
-was lost are sent again; every running sweep is advanced. Also the supervisor's way back for a run that lost a
-rank, and the sending of a run to its queue (by task name: a run's queue is in its spec).
+was lost are sent again; every running sweep is advanced; the alert rules are evaluated (worker/alerts.py). Also
+the supervisor's way back for a run that lost a rank, and the sending of a run to its queue (by task name: a run's
+queue is in its spec).
 
 Every transition is conditional on the run still being where the reaper found it (`lost`, unclaimed): a worker
 may claim it meanwhile, and concurrent reapers never double-queue."""
@@ -24,6 +25,7 @@ from db.repo import (
     mark_run_lost,
     unclaimed_runs,
 )
+from worker.alerts import check_alerts
 from worker.broker import run_ids_in_broker
 from worker.celery_app import app
 from worker.notify import notify_run_end
@@ -51,6 +53,7 @@ def reap(engine: Engine, settings: WorkerSettings | None = None) -> list[str]:
     sent = resend_missing(engine, s)
     for sweep in list_sweeps(engine, status=("running",)):
         advance_sweep(engine, sweep.id)  # a worker that died between a trial's end and its advance stalls no sweep
+    check_alerts(engine, s)  # after the above: a run it just failed or a sweep it just ended is seen this round
     return requeued + sent
 
 

@@ -27,7 +27,9 @@ class WorkerSettings(BaseSettings):
     stale_after_s: float = Field(
         STALE_AFTER_S, gt=0, description="A running run whose heartbeat is older is lost (worker died)."
     )
-    reap_every_s: float = Field(10.0, gt=0, description="How often each worker looks for lost runs.")
+    reap_every_s: float = Field(
+        10.0, gt=0, description="How often each worker looks for lost runs and checks the alert rules."
+    )
     requeue_after_s: float = Field(
         120.0,
         gt=0,

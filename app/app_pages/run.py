@@ -14,6 +14,7 @@ from app.present.figures import X_MODES
 from app.services.owners import owner_label
 from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollow
 from app.ui import (
+    alerts_view,
     evaluations_view,
     frame,
     lr_finder_view,
@@ -63,6 +64,7 @@ def header(r) -> None:
     run_processes.show(r)  # a run of several processes: its batch per rank and in total, its learning rate
     run_view.lineage(r)  # parent, sweep, seed group and children, as links
     run_view.notes_panel(r)
+    alerts_view.run_section(r)  # when and why an alert fired for this run, and its own rules
 
 
 def buttons(r) -> None:

@@ -1,5 +1,5 @@
-"""Workers: who is alive (heartbeat age), their devices and utilisation, what each is running, and
-the queue with each queued run's position."""
+"""Workers: who is alive (heartbeat age), their devices and utilisation, what each is running, the queue with
+each queued run's position, and the global alert rules."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app.present import text as f
 from app.services import queue_words
 from app.services.broker import is_alive
 from app.services.owners import owner_labels
-from app.ui import frame, queries
+from app.ui import alerts_view, frame, queries
 from core.names import queue_of
 from db.types import RunRecord, WorkerRecord
 
@@ -108,6 +108,7 @@ def live() -> None:
 def main() -> None:
     st.title("Workers")
     live()
+    alerts_view.global_section()  # the global alert rules: listed for everyone, managed by admins
 
 
 main()

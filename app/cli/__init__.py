@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from app.cli.alerts import alerts_app
 from app.cli.cache import cache_app
 from app.cli.db import db_app
 from app.cli.doctor import doctor
@@ -117,6 +118,7 @@ def export_cmd(
 app.add_typer(db_app, name="db", help="Database schema: upgrade, current revision.")
 app.add_typer(cache_app, name="cache", help="The image cache on this machine: list, remove, clear.")
 app.add_typer(models_app, name="models", help="The model registry: list, show, register, alias, download.")
+app.add_typer(alerts_app, name="alerts", help="Alert rules the workers evaluate: list, add, remove.")
 register_run_commands(app)
 register_start_commands(app)
 app.command()(sweep_command)

@@ -11,7 +11,7 @@ import streamlit as st
 from app import auth
 from app.present.text import STATUS_ICON, code_span, md_text, status_label
 from app.services.broker import broker_url, engine_for
-from app.ui import queries
+from app.ui import alerts_view, queries
 from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES
 from core.redact import redact
 from db.migrate import check_schema
@@ -107,6 +107,10 @@ def sidebar() -> None:
         st.caption(f"broker: {code_span(redact(broker_url().split('@')[-1]))}")
         if _schema_problem(queries.db_url()) is None and followed_runs():
             st.fragment(_follow_panel, run_every=FOLLOW_EVERY_S)()
+        st.session_state.setdefault(FOLLOW_SINCE, utcnow())  # this session hears of what happens from now on
+        watched = auth.current_user() is not None and alerts_view.watching(queries.db_url())
+        if _schema_problem(queries.db_url()) is None and watched:
+            st.fragment(_alert_panel, run_every=FOLLOW_EVERY_S)()
 
 
 # Followed runs: the sidebar polls them this often (seconds) and tells, once, when one ends.
@@ -174,6 +178,10 @@ def _follow_panel() -> None:
         )
     if len(rows) > FOLLOW_SHOWN:
         st.caption(f"and {len(rows) - FOLLOW_SHOWN} more")
+
+
+def _alert_panel() -> None:
+    alerts_view.sidebar_notices(st.session_state.setdefault(FOLLOW_SINCE, utcnow()), RUN)
 
 
 def open_run(run_id: str) -> None:

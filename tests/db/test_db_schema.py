@@ -31,6 +31,8 @@ TABLES = {
     "sweep_decision",
     "follow",
     "evaluation",
+    "alert_rule",
+    "alert_firing",
 }
 
 
