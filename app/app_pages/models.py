@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import auth
 from app.present import text as f
-from app.services import registry
+from app.services import evaluations, registry
 from app.services.owners import owner_label, owner_labels
 from app.ui import frame, queries
 from app.web import downloads, model_downloads
@@ -17,8 +17,9 @@ from app.web import downloads, model_downloads
 K = frame.page_state("models")
 
 
-def versions_frame(versions, aliases: dict[str, int]) -> pd.DataFrame:
-    """One row per version, newest first: its aliases, scores, files and the run it came from."""
+def versions_frame(versions, aliases: dict[str, int], evaluated: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """One row per version, newest first: its aliases, scores (validation, test, and its run's evaluations on other
+    data), files and the run it came from."""
     by_version: dict[int, list[str]] = {}
     for alias, v in aliases.items():
         by_version.setdefault(v, []).append(alias)
@@ -33,6 +34,7 @@ def versions_frame(versions, aliases: dict[str, int]) -> pd.DataFrame:
                 "best val acc": scores.get("val_acc_best"),
                 "test acc": test.get("test/acc"),
                 "test F1": test.get("test/f1_macro"),
+                "evaluations": (evaluated or {}).get(v.run_id, []),
                 "files": [e.get("filename") for e in v.artifacts],
                 "dataset": (v.lineage.get("dataset") or {}).get("name"),
                 "fingerprint": v.lineage.get("dataset_fingerprint") or "not recorded",
@@ -47,6 +49,10 @@ def versions_frame(versions, aliases: dict[str, int]) -> pd.DataFrame:
 COLUMNS = {
     "aliases": st.column_config.ListColumn("aliases"),
     "files": st.column_config.ListColumn("files"),
+    "evaluations": st.column_config.ListColumn(
+        "evaluations",
+        help="The newest score of the version's run on each dataset it was evaluated on (the Run page's Evaluate).",
+    ),
     "best val acc": st.column_config.NumberColumn("best val acc", format="%.4f"),
     "test acc": st.column_config.NumberColumn("test acc", format="%.4f"),
     "test F1": st.column_config.NumberColumn("test F1", format="%.4f"),
@@ -139,7 +145,8 @@ def model_panel(name: str, user: auth.User | None) -> None:
     st.subheader(f.md_text(model.name))
     aliases = " · ".join(f"`{a}` → {v}" for a, v in shown["aliases"].items()) or "no alias yet"
     st.caption(f"owner {f.md_text(owner_label(model.owner, queries.engine()))} · {aliases}")
-    frame_ = versions_frame(shown["versions"], shown["aliases"])
+    evaluated = evaluations.scores_by_run([v.run_id for v in shown["versions"]], queries.engine())
+    frame_ = versions_frame(shown["versions"], shown["aliases"], evaluated)
     st.dataframe(frame_, hide_index=True, column_config=COLUMNS, width="stretch")
     links(shown)
     alias_form(shown, user)

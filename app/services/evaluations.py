@@ -130,3 +130,16 @@ def compare(run_ids: Sequence[str], engine: Engine | None = None) -> list[dict[s
             row[f"{e.run_id}/{k}"] = v
         row["images"] = e.details.get("images")
     return list(rows.values())
+
+
+def scores_by_run(run_ids: Sequence[str], engine: Engine | None = None) -> dict[str, list[str]]:
+    """Each run's newest score on every dataset it was evaluated on, as `dataset acc 0.9420` (the Models page's
+    versions): {run id: [...]}, the datasets in name order."""
+    newest: dict[tuple[str, str], EvaluationRecord] = {}
+    for e in list_evaluations(engine or get_engine(), list(run_ids)):  # newest first: the first seen wins
+        newest.setdefault((e.run_id, e.dataset), e)
+    out: dict[str, list[str]] = {}
+    for (run_id, dataset), e in sorted(newest.items()):
+        acc = e.metrics.get("acc")
+        out.setdefault(run_id, []).append(f"{dataset} acc {float(acc):.4f}" if acc is not None else dataset)
+    return out

@@ -26,6 +26,7 @@ def test_the_page_shows_versions_scores_runs_aliases_and_the_alias_form(page, en
     assert list(table["version"]) == [2, 1] and list(table["run"]) == [f"run?id={r.id}" for r in reversed(runs)]
     assert list(table["best val acc"]) == [0.91, 0.91] and list(table["test acc"]) == [0.88, 0.88]
     assert list(table["aliases"][table["version"] == 1])[0] == ["production"]
+    assert [list(e) for e in table["evaluations"]] == [[], []]
     assert "/_torchdeck/models/digits@production/model.onnx" in at.code[0].value
     at.selectbox(key="models.alias").set_value("production")
     at.selectbox(key="models.version").set_value(2)
@@ -42,3 +43,24 @@ def test_another_member_sees_the_model_but_not_the_alias_form(team, engine, home
     assert not [s for s in at.selectbox if s.key == "models.alias"]
     at = team_page("models.py", claims(ANA))
     assert [s for s in at.selectbox if s.key == "models.alias"]
+
+
+def test_a_versions_evaluations_on_other_data_are_shown_beside_its_scores(page, engine, home):
+    from db.evaluations import add_evaluation
+
+    runs = _two_versions(engine, home, auth.local_user())
+    for dataset, acc in (("site-b", 0.8), ("site-b", 0.85), ("digits", 0.97)):  # the newest per dataset is shown
+        add_evaluation(
+            engine,
+            runs[0].id,
+            "a" * 32,
+            dataset=dataset,
+            dataset_path=None,
+            fingerprint="f" * 64,
+            metrics={"acc": acc, "f1_macro": acc - 0.01},
+            details={"images": 300},
+            created_by="local",
+        )
+    table = page("models.py").dataframe[0].value
+    shown = {v: list(e) for v, e in zip(table["version"], table["evaluations"], strict=True)}
+    assert shown == {1: ["digits acc 0.9700", "site-b acc 0.8500"], 2: []}
