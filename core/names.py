@@ -30,6 +30,9 @@ SWEEP_METHODS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "asha")
 
 # --- queues and tasks ---------------------------------------------------------------------------------
+
+# A queued run's priority, by name (the column holds the number): a worker takes the highest first (db/queue_order.py).
+PRIORITIES = {"low": -1, "normal": 0, "high": 1}
 GPU_QUEUE, CPU_QUEUE = "gpu", "cpu"
 # A run of N > 1 GPUs waits in a queue of its own GPU count (gpu-x2, gpu-x4): only a worker that owns at
 # least N GPUs of one host consumes it, so such a run never lands on a one-GPU worker that cannot start it.

@@ -11,7 +11,9 @@ busy timeout says. Readers use a plain `BEGIN` and never take the write lock.
 
 from __future__ import annotations
 
+import math
 import os
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +100,10 @@ def _sqlite_engine(sa_url: Any, echo: bool) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         # Durable across application crashes; only an OS crash can lose the last commits.
         cursor.execute("PRAGMA synchronous=NORMAL")
+        try:  # (SQLite has power() when built with its math functions, as Debian's and Python's builds are)
+            cursor.execute("SELECT power(2, 1)")
+        except sqlite3.OperationalError:  # db/queue_order.py weighs GPU time with it
+            dbapi_connection.create_function("power", 2, math.pow, deterministic=True)
         cursor.close()
 
     @event.listens_for(engine, "begin")

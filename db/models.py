@@ -93,6 +93,8 @@ class Run(Base):
         # The Runs page's default order (newest first, ties by id): its first page is read from this index
         # however many runs there are, filtered or not.
         Index("ix_run_created_at_id", "created_at", "id"),
+        Index("ix_run_queue_order", "status", "queue", "priority", "owner", "created_at"),  # db/queue_order.py
+        Index("ix_run_finished_at", "finished_at"),  # and its owners' recent GPU time
     )
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
@@ -122,6 +124,9 @@ class Run(Base):
     group_id: Mapped[str | None] = mapped_column(String(ID_LEN), index=True)
     # Plain text about the run, written after launch by its owner or an admin; NULL for none.
     notes: Mapped[str | None] = mapped_column(Text)
+    # Its queue (core.names.queue_of its spec) and priority (-1 low, 0 normal, 1 high): the fair queue's order.
+    queue: Mapped[str | None] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Sweep(Base):

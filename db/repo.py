@@ -21,6 +21,15 @@ from db.follows import FollowedRun, follow, followed, unfollow
 from db.handoff import mark_run_lost
 from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem, series_counts
+from db.queue_order import (
+    QueuedRun,
+    claim_next,
+    queue_order,
+    queue_orders,
+    recent_usage,
+    set_priority,
+    typical_run_s,
+)
 from db.quota import queued_count
 from db.records import (
     accounts,
@@ -94,6 +103,13 @@ from db.types import (
 from db.units import Members, Unit, UnitPage, list_units, members
 
 __all__ = [
+    "QueuedRun",
+    "claim_next",
+    "queue_order",
+    "queue_orders",
+    "recent_usage",
+    "set_priority",
+    "typical_run_s",
     "series_counts",
     "series_many",
     "ArtifactNotFound",

@@ -73,6 +73,7 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         group_id=row.group_id,
         metrics=metrics,
         notes=row.notes or "",
+        priority=row.priority or 0,
     )
 
 

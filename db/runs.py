@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 
-from core.names import spec_hash
+from core.names import PRIORITIES, queue_of, spec_hash
 from core.redact import redact
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, RunRegistered, RunStillActive
@@ -68,11 +68,19 @@ def create_run(
     parent_id: str | None = None,
     max_queued: int | None = None,
     group_id: str | None = None,
+    priority: int = 0,
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
     return create_runs(
-        engine, [(spec, name)], owner=owner, tags=tags, parent_id=parent_id, max_queued=max_queued, group_id=group_id
+        engine,
+        [(spec, name)],
+        owner=owner,
+        tags=tags,
+        parent_id=parent_id,
+        max_queued=max_queued,
+        group_id=group_id,
+        priority=priority,
     )[0]
 
 
@@ -85,13 +93,24 @@ def create_runs(
     parent_id: str | None = None,
     max_queued: int | None = None,
     group_id: str | None = None,
+    priority: int = 0,
 ) -> list[RunRecord]:
     """Store several `queued` runs, each (spec as JSON data, name or None), in one transaction: all or none.
     With `max_queued`, QueueLimitReached when the owner's queued runs and these would be more than that
-    (counted in the same transaction: a seed group never overshoots the limit half-way)."""
+    (counted in the same transaction: a seed group never overshoots the limit half-way). `priority`: one of
+    core.names.PRIORITIES' values, the runs' place in their queue (db/queue_order.py)."""
     tag_list = check_tags(tags)
+    if priority not in PRIORITIES.values():
+        raise ValueError(f"priority {priority!r}: one of {sorted(PRIORITIES.values())} ({', '.join(PRIORITIES)})")
     rows = [
-        queued_row(spec, None if name is None else name.strip(), owner, parent_id=parent_id, group_id=group_id)
+        queued_row(
+            spec,
+            None if name is None else name.strip(),
+            owner,
+            parent_id=parent_id,
+            group_id=group_id,
+            priority=priority,
+        )
         for spec, name in runs
     ]
     check_text("owner", owner, OWNER_LEN)
@@ -126,6 +145,7 @@ def queued_row(spec: Mapping[str, Any], name: str | None, owner: str, **links: A
         attempt=0,
         summary={},
         cancel_requested=False,
+        queue=queue_of(spec),
         **links,
     )
 
@@ -152,14 +172,17 @@ def _update(session: Session, run_id: str, statuses: Sequence[str], **values: An
     return session.execute(stmt).rowcount == 1
 
 
-def claim_run(engine: Engine, run_id: str, worker_id: str, device: str | None = None) -> RunRecord | None:
-    """Atomically take a `queued` or `lost` run: `running`, attempt + 1.
+def claim_run(
+    engine: Engine, run_id: str, worker_id: str, device: str | None = None, *, now: datetime | None = None
+) -> RunRecord | None:
+    """Atomically take a `queued` or `lost` run: `running`, attempt + 1 (started and heartbeat at `now`, default
+    the present: a simulation passes its own clock).
 
     Returns None when the run is running elsewhere or finished (a run delivered
     twice runs once). Raises RunNotFound for an unknown run.
     """
     check_text("worker_id", worker_id, WORKER_ID_LEN)
-    now = utcnow()
+    now = now or utcnow()
     with session_scope(engine) as session:
         claimed = _update(
             session,

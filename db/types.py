@@ -99,6 +99,8 @@ class RunRecord:
     metrics: Mapping[str, MetricSummary] = field(default_factory=dict)
     # Plain text about the run (db.run_labels.set_notes); "" for none.
     notes: str = ""
+    # Its place in its queue while queued: core.names.PRIORITIES' values (db/queue_order.py).
+    priority: int = 0
 
     @property
     def finished(self) -> bool:

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from core.names import FINISHED_STATUSES, STALE_AFTER_S
 from core.redact import redact
 from db.artifacts import ArtifactStore, local_run_root, open_store
+from db.queue_order import DEFAULT_HALF_LIFE_S
 
 
 class WorkerSettings(BaseSettings):
@@ -37,6 +38,12 @@ class WorkerSettings(BaseSettings):
         "(its first message may never have left a reaper that died).",
     )
     max_attempts: int = Field(3, ge=1, description="A lost run is re-queued until it has been tried this many times.")
+    fair_half_life_s: float = Field(
+        DEFAULT_HALF_LIFE_S,
+        gt=0,
+        description="The fair queue forgets a person's GPU time with this half-life: within a priority, the run of "
+        "the person with the least decayed GPU time goes first (db/queue_order.py).",
+    )
     cancel_grace_s: float = Field(
         30.0, ge=0, description="After a cancel, time the run gets to stop cleanly before SIGTERM, then SIGKILL."
     )

@@ -21,7 +21,6 @@ from db.repo import (
     EventInput,
     RunNotFound,
     append_events,
-    claim_run,
     finish_run,
     get_run,
     heartbeat,
@@ -29,6 +28,7 @@ from db.repo import (
 )
 from worker.celery_app import app
 from worker.child import ABANDONED_EXIT, RANK_LOST_EXIT, spare_main
+from worker.claim import take_turn
 from worker.exits import describe_exit, run_processes
 from worker.notify import notify_run_end
 from worker.reaper import advance_sweep, reap, resume_after_rank_loss
@@ -56,24 +56,26 @@ def new_worker_id(node: str) -> str:
 
 @app.task(name=RUN_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_run(run_id: str) -> str:
-    """Claim, then run in a fresh spawned process. A duplicate delivery finds the run taken and exits."""
+    """Claim the best queued run of this message's queue (worker/claim.py: the message is a token for its queue;
+    a lost run named by it is resumed), then run it in a fresh spawned process. A duplicate delivery finds the run
+    taken and exits."""
     worker_id = _state["worker_id"] or new_worker_id(socket.gethostname())
     try:
-        run = claim_run(engine(), run_id, worker_id, device=_device_label())
+        run = take_turn(engine(), run_id, worker_id, device=_device_label())
     except RunNotFound:
         log.info("run %s was deleted: skipping this delivery", run_id)
         return "skipped"
     if run is None:
-        log.info("run %s is running elsewhere or finished: skipping this delivery", run_id)
+        log.info("run %s is running elsewhere or finished, and its queue is empty: skipping this delivery", run_id)
         return "skipped"
-    _state["current_run"] = run_id
+    _state["current_run"] = run.id
     try:
-        return supervise(run_id, worker_id)
+        return supervise(run.id, worker_id)
     finally:
         _state["current_run"] = None
         if run.sweep_id is not None:
             advance_sweep(engine(), run.sweep_id)
-        notify_run_end(engine(), run_id, worker_id=worker_id)  # (in the background: only if it ended here)
+        notify_run_end(engine(), run.id, worker_id=worker_id)  # (in the background: only if it ended here)
 
 
 def _device_label() -> str:

@@ -10,9 +10,8 @@ from app.present import text as f
 from app.services import queue_words
 from app.services.broker import is_alive
 from app.services.owners import owner_labels
-from app.ui import alerts_view, frame, queries
-from core.names import queue_of
-from db.types import RunRecord, WorkerRecord
+from app.ui import alerts_view, frame, overview_view, queries
+from db.types import WorkerRecord
 
 K = frame.page_state("workers")
 
@@ -50,29 +49,6 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def queue_frame(queued: list[RunRecord]) -> pd.DataFrame:
-    """Position in its own queue (cpu, gpu, or gpu-xN for a run of N GPUs): the order a worker of it takes them."""
-    seen: dict[str, int] = {}
-    owners = owner_labels((r.owner for r in queued), engine=queries.engine())
-    rows = []
-    for r in queued:
-        queue = queue_of(r.spec)
-        seen[queue] = seen.get(queue, 0) + 1
-        rows.append(
-            {
-                "position": seen[queue],
-                "queue": queue,
-                "run": r.name,
-                "status": f.status_label(r.status),
-                "owner": owners.get(r.owner, r.owner),
-                "waiting": f.seconds(f.age_s(r.created_at)),
-                "open": f"run?id={r.id}",
-                "id": r.id,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
 @st.fragment(run_every=3.0)
 def live() -> None:
     workers = queries.workers()
@@ -97,8 +73,10 @@ def live() -> None:
     if not queued:
         st.caption("The queue is empty.")
         return
+    owners = owner_labels((r.owner for r in queued), engine=queries.engine())
+    table, _ = overview_view.queue_table(queries.engine(), queued, owners)  # (the Overview's table: one order)
     st.dataframe(
-        queue_frame(queued),
+        table,
         hide_index=True,
         width="stretch",
         column_config={"open": st.column_config.LinkColumn("open", display_text="open ↗")},

@@ -183,6 +183,25 @@ def cancel(run_id: str) -> None:
     typer.echo(f"{run.id}: {'cancelled' if run.status == 'cancelled' else 'cancel requested (' + run.status + ')'}")
 
 
+def priority(
+    run_id: str,
+    level: Annotated[str, typer.Argument(help="low, normal or high (high: an admin's; this shell is one).")],
+) -> None:
+    """Move a queued run within its queue: a worker takes the highest priority first, then the person with the
+    least recent GPU time, then the oldest run."""
+    from app.auth import local_user
+    from app.services.runs import set_priority
+
+    _get(run_id)
+    try:
+        # A shell with the database's credentials is the operator's: the CLI acts as an admin.
+        run = set_priority(run_id, level, engine=_engine(), by=local_user())
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{run.id}: priority {level}")
+
+
 def runs(
     status_filter: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
@@ -229,5 +248,5 @@ def evaluate(
 
 
 def register(app: typer.Typer) -> None:
-    for fn in (submit, status, watch, cancel, runs, evaluate):
+    for fn in (submit, status, watch, cancel, priority, runs, evaluate):
         app.command(fn.__name__)(fn)

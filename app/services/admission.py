@@ -71,9 +71,10 @@ def store(
     tags: Sequence[str] = (),
     parent_id: str | None = None,
     group_id: str | None = None,
+    priority: int = 0,
 ) -> list[RunRecord]:
-    """Admit the specs and store them as queued runs, all or none (each named by `names`, else by its spec).
-    Sending them to the queue is the caller's."""
+    """Admit the specs and store them as queued runs, all or none (each named by `names`, else by its spec), at
+    `priority` (core.names.PRIORITIES' values). Sending them to the queue is the caller's."""
     admitted = admit(specs, owner=owner, engine=engine)
     names = [s.name for s in admitted] if names is None else list(names)
     return repo.create_runs(
@@ -84,4 +85,5 @@ def store(
         parent_id=parent_id,
         group_id=group_id,
         max_queued=max_queued_per_owner(),
+        priority=priority,
     )

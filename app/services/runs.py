@@ -14,11 +14,13 @@ from app.services.artifacts import artifact_root, artifact_store
 from app.services.broker import broker_url, enqueue, get_engine
 from app.services.owners import owner_label
 from core.config import RunSpec
+from core.names import PRIORITIES
 from core.redact import redact
 from db.errors import RunRegistered
 from db.repo import RunNotFound, RunRecord, RunStillActive, delete_run, get_run, request_cancel
 from db.repo import follow as follow_run
 from db.repo import set_notes as store_notes
+from db.repo import set_priority as store_priority
 from db.repo import set_tags as store_tags
 from db.repo import set_tags_and_notes as store_tags_and_notes
 from db.repo import unfollow as unfollow_run
@@ -32,15 +34,26 @@ def submit(
     tags: list[str] | None = None,
     parent_id: str | None = None,
     engine: Engine | None = None,
+    priority: str = "normal",
+    by: User | None = None,
 ) -> RunRecord:
     """Store a validated spec as a queued run and enqueue it (the New run form, a clone, "start from a run's
     weights", `torchdeck submit`, a re-run). Invalid specs never get here: RunSpec validation happens first
     (the form and the CLI show each field's error). Refused by the gate of every new run (app.services.admission):
     a field out of bounds or a path the run may not read (SpecError) and, in team mode, an owner over the
-    queued-runs limit (QueueLimitReached)."""
+    queued-runs limit (QueueLimitReached). `priority` (PRIORITIES' names) is an argument, not a spec field: it
+    says when the run trains, not what it trains, so it stays out of the spec's hash and a clone does not inherit
+    it; above normal only an admin (`by`) may (PermissionDenied)."""
     engine = engine or get_engine()
+    check_priority(priority, by)
     [run] = admission.store(
-        [spec], owner=owner, engine=engine, names=[name or spec.name], tags=tags or [], parent_id=parent_id
+        [spec],
+        owner=owner,
+        engine=engine,
+        names=[name or spec.name],
+        tags=tags or [],
+        parent_id=parent_id,
+        priority=PRIORITIES[priority],
     )
     try:
         enqueue(run.id, spec)
@@ -65,6 +78,29 @@ def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     run = get_run(engine, run_id)
     check_can_modify(by, run, "cancel", owner_label(run.owner, engine))
     return request_cancel(engine, run_id)
+
+
+def check_priority(priority: str, by: User | None) -> None:
+    """ValueError for a name not in PRIORITIES; PermissionDenied for a priority above normal unless `by` is an
+    admin (there are no project maintainers yet: an admin is who may put a run before everyone else's)."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {priority!r}: one of {', '.join(PRIORITIES)}")
+    if PRIORITIES[priority] > PRIORITIES["normal"] and not (by is not None and by.is_admin):
+        who = by.describe() if by else "an anonymous user"
+        raise PermissionDenied(f"{who} may not give a run {priority} priority: only an admin may")
+
+
+def set_priority(run_id: str, priority: str, engine: Engine | None = None, *, by: User) -> RunRecord:
+    """Move a queued run within its queue (db/queue_order.py): low, normal or high. Only the run's owner or an
+    admin may, and only an admin above normal (PermissionDenied); ValueError once the run has left the queue."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    check_can_modify(by, run, "reprioritise", owner_label(run.owner, engine))
+    check_priority(priority, by)
+    changed = store_priority(engine, run_id, PRIORITIES[priority])
+    if changed is None:
+        raise ValueError(f"run {run_id} is {get_run(engine, run_id).status}: only a queued run's priority changes")
+    return changed
 
 
 def set_tags(run_id: str, tags: Iterable[str], engine: Engine | None = None, *, by: User) -> RunRecord:

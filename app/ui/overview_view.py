@@ -16,12 +16,14 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from app.present import text as f
+from app.services import queue_place
 from app.services.broker import QueueStatus, engine_for, queue_status
 from app.services.owners import owner_labels
 from app.ui import queries
 from core import catalog
 from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, queue_of
 from db import overview, repo
+from db.queue_order import configured_half_life_s
 from db.types import RunRecord
 
 # The live part refreshes this often (seconds): at least every two, a page many people keep open.
@@ -154,7 +156,18 @@ FINISHED_COLUMNS = [
     "objective curve",
     "open",
 ]
-QUEUED_COLUMNS = ["position", "queue", "run", "owner", "status", "waiting", "who can take it", "open"]
+QUEUED_COLUMNS = [
+    "position",
+    "queue",
+    "run",
+    "owner",
+    "status",
+    "why",
+    "starts in",
+    "waiting",
+    "who can take it",
+    "open",
+]
 
 
 def takers(status: QueueStatus) -> str:
@@ -165,27 +178,66 @@ def takers(status: QueueStatus) -> str:
     return names + (f" and {len(status.workers) - 3} more" if len(status.workers) > 3 else "")
 
 
-def queued_frame(runs: list[RunRecord], owners: dict[str, str], statuses: dict[str, QueueStatus]) -> pd.DataFrame:
-    """Each waiting run's position in its own queue (by creation: the order a worker takes them)."""
-    seen: dict[str, int] = {}
+def why(q: repo.QueuedRun | None, owner: str) -> str:
+    """Why a waiting run is where it is in its queue (db/queue_order.py: priority, then the owner's recent GPU
+    time, then age); a lost run has no place: its own message resumes it."""
+    if q is None:
+        return "resumes from its checkpoint when its message is delivered"
+    return queue_place.why(q, owner)
+
+
+def queued_frame(
+    runs: list[RunRecord],
+    owners: dict[str, str],
+    statuses: dict[str, QueueStatus],
+    order: dict[str, repo.QueuedRun],
+    typical: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """Each waiting run's position in its own queue, the order a worker takes them (`order`: queue_order's), why,
+    and about when it starts (`typical`: each queue's recent run time); lost runs (resumed by their own message)
+    first."""
     rows = []
     for r in runs:
         queue = queue_of(r.spec)
-        seen[queue] = seen.get(queue, 0) + 1
-        if len(rows) < SHOWN_QUEUED:
-            rows.append(
-                {
-                    "position": seen[queue],
-                    "queue": queue,
-                    "run": r.name,
-                    "owner": owners.get(r.owner, r.owner),
-                    "status": f.status_label(r.status),
-                    "waiting": f.seconds(f.age_s(r.created_at)),
-                    "who can take it": takers(statuses[queue]),
-                    "open": f"run?id={r.id}",
-                }
-            )
-    return pd.DataFrame(rows, columns=QUEUED_COLUMNS)
+        q = order.get(r.id)
+        owner = owners.get(r.owner, r.owner)
+        rows.append(
+            {
+                "position": q.position if q else None,
+                "queue": queue,
+                "run": r.name,
+                "owner": owner,
+                "status": f.status_label(r.status),
+                "why": why(q, owner),
+                "starts in": _starts_in(q, len(statuses[queue].workers), (typical or {}).get(queue)),
+                "waiting": f.seconds(f.age_s(r.created_at)),
+                "who can take it": takers(statuses[queue]),
+                "open": f"run?id={r.id}",
+            }
+        )
+    rows.sort(key=lambda row: (row["queue"], row["position"] or 0))
+    frame = pd.DataFrame(rows[:SHOWN_QUEUED], columns=QUEUED_COLUMNS)
+    return frame.astype({"position": "Int64"})  # (a lost run's empty position keeps the others whole numbers)
+
+
+def _starts_in(q: repo.QueuedRun | None, workers: int, typical_s: float | None) -> str:
+    if q is None:
+        return "when a worker takes its message"
+    eta = queue_place.start_eta_s(q.position, workers, typical_s)
+    if eta is None:
+        return "no worker takes it" if workers < 1 else "no completed run to go by"
+    return f"about {f.seconds(eta)}"
+
+
+def queue_table(
+    engine: Engine, queued: list[RunRecord], owners: dict[str, str]
+) -> tuple[pd.DataFrame, dict[str, QueueStatus]]:
+    """queued_frame of these waiting runs, from the database (the Overview and Workers pages), and the status of
+    each of their queues."""
+    statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in queued})}
+    lines = repo.queue_orders(engine, statuses, half_life_s=configured_half_life_s()).values()
+    order = {q.id: q for line in lines for q in line}
+    return queued_frame(queued, owners, statuses, order, repo.typical_run_s(engine, statuses)), statuses
 
 
 def attention(runs: list[RunRecord], found: dict[str, overview.Findings]) -> tuple[Attention, ...]:
@@ -219,11 +271,11 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
         engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))]
     )
     owners = owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
-    statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in queued.runs})}
+    queued_table, statuses = queue_table(engine, list(queued.runs), owners)
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),
-        queued=queued_frame(list(queued.runs), owners, statuses),
+        queued=queued_table,
         attention=attention(shown, found),
         unserved=tuple(s.message() for s in statuses.values() if not s.served),
         running_total=running.total,

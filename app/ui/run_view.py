@@ -16,7 +16,7 @@ from app.present import text as f
 from app.services.artifacts import artifact_problem, read_artifact
 from app.services.broker import queue_status, run_queue
 from app.services.runs import spec_of
-from app.ui import error_view, frame, queries, run_units
+from app.ui import error_view, frame, queries, queue_view, run_units
 from core.config import RunSpec
 from core.names import HISTOGRAM_EVENT, SAMPLE_GRID
 from db.types import EventRecord, RunRecord
@@ -94,6 +94,7 @@ def status_panel(r: RunRecord) -> None:
     )
     if r.status == "queued":
         waiting_for(run_queue(spec_of(r)))
+        queue_view.place_panel(r)
     if r.degraded:
         st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
     if r.status == "lost":

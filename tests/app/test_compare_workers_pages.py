@@ -79,8 +79,9 @@ def test_workers_devices_heartbeat_current_run_and_queue_positions(page, engine)
     row = workers.iloc[0]
     assert row["state"] == "alive" and row["devices"] == "GPU 0 87% 5,120 MB" and row["queues"] == "gpu, cpu"
     assert row["current run"] == f"run?id={running.id}" and row["heartbeat age"].endswith("s")
-    positions = {r["id"]: (r["queue"], r["position"]) for _, r in queue.iterrows()}
+    positions = {r["open"].removeprefix("run?id="): (r["queue"], r["position"]) for _, r in queue.iterrows()}
     assert positions == {q1.id: ("gpu", 1), q2.id: ("cpu", 1), q3.id: ("gpu", 2)}
+    assert all(w.startswith("normal priority; local has ") for w in queue["why"])  # the Overview's words
 
 
 def _heard_from(engine, worker_id: str, seconds_ago: float) -> None:

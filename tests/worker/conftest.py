@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 
 from db.engine import make_engine
 from db.migrate import upgrade
@@ -113,6 +114,24 @@ def redis_server() -> Iterator[RedisServer]:
     yield server
     server.stop()
     shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def reaper(tmp_path, redis_server, monkeypatch):
+    """A migrated SQLite database and the reaper's Celery app on a flushed real Redis: (engine, app, redis)."""
+    from worker import reaper as worker_reaper
+    from worker.celery_app import make_app
+    from worker.settings import WorkerSettings
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade(url)
+    engine = make_engine(url)
+    broker = redis_server.url(0)  # the stacks use 1-14, the jobs tests 15
+    redis.Redis.from_url(broker).flushdb()
+    app = make_app(WorkerSettings(broker_url=broker))
+    monkeypatch.setattr(worker_reaper, "app", app)
+    yield engine, app, redis.Redis.from_url(broker)
+    engine.dispose()
 
 
 @dataclass

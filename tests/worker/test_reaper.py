@@ -5,33 +5,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-import redis
 from sqlalchemy import update
 
 from core.names import RUN_TASK
-from db.engine import make_engine
-from db.migrate import upgrade
 from db.models import Run
 from db.repo import claim_run, create_run, get_run, list_events, mark_lost
 from db.types import utcnow
 from worker import reaper as worker_reaper
 from worker.broker import run_ids_in_broker
-from worker.celery_app import make_app
 from worker.settings import WorkerSettings
-
-
-@pytest.fixture
-def reaper(tmp_path, redis_server, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade(url)
-    engine = make_engine(url)
-    broker = redis_server.url(0)  # the stacks use 1-14, the jobs tests 15
-    redis.Redis.from_url(broker).flushdb()
-    app = make_app(WorkerSettings(broker_url=broker))
-    monkeypatch.setattr(worker_reaper, "app", app)
-    yield engine, app, redis.Redis.from_url(broker)
-    engine.dispose()
 
 
 def _age(engine, run_id: str, seconds: float) -> None:

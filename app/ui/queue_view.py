@@ -1,0 +1,65 @@
+"""A queued run's place in its queue on the Run page: its position, why, about when it starts, and its priority,
+which its owner (lower or back to normal) or an admin (any) may change."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import auth
+from app.present import text as f
+from app.services import queue_place
+from app.services.runs import set_priority
+from app.ui import frame, queries
+from core.names import PRIORITIES
+from db.errors import RunNotFound
+from db.types import RunRecord
+
+K = frame.page_state("run")
+
+
+def place_panel(r: RunRecord) -> None:
+    p = queue_place.place(r, queries.engine())
+    if p is None:  # (taken since the page read it)
+        return
+    eta = p.eta_s
+    when = (
+        f"starts in about {f.seconds(eta)}"
+        if eta is not None
+        else "no estimate of its start: "
+        + ("no live worker takes this queue" if p.workers < 1 else "no run of this queue has completed yet")
+    )
+    words = f.md_text(queue_place.why(p.entry, "its owner"))
+    st.caption(
+        f"Position **{p.entry.position}** of {p.queued} in queue {f.code_span(p.queue)} · {words} · {when} "
+        f"(a worker takes the highest priority first, then the person with the least recent GPU time, then the "
+        "oldest run)"
+    )
+    user = auth.current_user()
+    if auth.can_modify(user, r):
+        priority_control(r, user)
+
+
+def priority_control(r: RunRecord, user: auth.User) -> None:
+    """The run's priority: its owner may choose low or normal, an admin any (the service refuses the rest)."""
+    current = queue_place.PRIORITY_NAMES.get(r.priority, "normal")
+    admin = user is not None and user.is_admin
+    options = list(PRIORITIES) if admin or current == "high" else ["low", "normal"]
+    choice = st.selectbox(
+        "Priority",
+        options,
+        index=options.index(current),
+        key=K(f"priority.{r.id}"),
+        help="Its place in the queue: a worker takes high before normal before low. "
+        + ("" if admin else "Only an admin may raise a run to high."),
+    )
+    if choice == current:
+        return
+    try:
+        set_priority(r.id, choice, engine=queries.engine(), by=user)
+    except RunNotFound:
+        st.error("This run was deleted.", icon=":material/error:")
+    except (auth.PermissionDenied, ValueError) as e:
+        st.error(f"Priority not changed: {f.md_text(e)}", icon=":material/error:")
+    else:
+        queries.clear()
+        st.rerun()

@@ -1,0 +1,117 @@
+"""The fair queue on both backends: the order a queue's runs are taken in (priority, then the owner's recent GPU
+time, then age), the claim that follows it under racing workers, and priority changes only while queued."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, update
+
+from db import repo
+from db.models import Run
+from db.types import utcnow
+
+GPU = {"device": "cuda", "data": {"name": "digits"}, "model": {"name": "mlp"}}
+CPU = {"device": "cpu", "data": {"name": "digits"}, "model": {"name": "mlp"}}
+HOUR = 3600.0
+
+
+def _used(engine: Engine, owner: str, start, end) -> str:
+    """A finished run of `owner` that held one GPU from `start` to `end`."""
+    run = repo.create_run(engine, GPU, owner=owner)
+    repo.claim_run(engine, run.id, "w0")
+    repo.finish_run(engine, run.id, "completed")
+    with engine.begin() as c:
+        c.execute(update(Run).where(Run.id == run.id).values(started_at=start, finished_at=end))
+    return run.id
+
+
+def test_priority_first_then_the_owner_with_less_recent_gpu_time_then_the_oldest(engine: Engine) -> None:
+    now = utcnow() + timedelta(hours=1)
+    _used(engine, "ada", now - timedelta(hours=3), now - timedelta(hours=1))  # two GPU-hours, ended an hour ago
+    ada_old = repo.create_run(engine, GPU, owner="ada", name="ada-old")
+    bob_1 = repo.create_run(engine, GPU, owner="bob", name="bob-1")
+    bob_2 = repo.create_run(engine, GPU, owner="bob", name="bob-2")
+    ada_high = repo.create_run(engine, GPU, owner="ada", name="ada-high", priority=1)
+    cyd_low = repo.create_run(engine, GPU, owner="cyd", name="cyd-low", priority=-1)
+    repo.create_run(engine, CPU, owner="bob", name="elsewhere")  # another queue: not in this one's order
+
+    order = repo.queue_order(engine, "gpu", now=now, half_life_s=4 * HOUR)
+
+    assert [q.id for q in order] == [ada_high.id, bob_1.id, bob_2.id, ada_old.id, cyd_low.id]
+    assert [q.position for q in order] == [1, 2, 3, 4, 5]
+    ada_usage = {q.owner: q.owner_usage_s for q in order}
+    assert ada_usage["ada"] == pytest.approx(2 * HOUR * 0.5 ** (1 / 4))
+    assert ada_usage["bob"] == ada_usage["cyd"] == 0.0
+    assert [q.id for q in repo.queue_order(engine, "gpu", now=now, limit=2)] == [ada_high.id, bob_1.id]
+
+
+def test_a_running_run_counts_up_to_now_and_old_usage_fades(engine: Engine) -> None:
+    now = utcnow() + timedelta(hours=1)
+    busy = repo.create_run(engine, GPU, owner="ada")
+    repo.claim_run(engine, busy.id, "w0", now=now - timedelta(minutes=30))  # running: half a GPU-hour so far
+    _used(engine, "bob", now - timedelta(days=3, hours=10), now - timedelta(days=3))  # ten hours, three days ago
+    ada = repo.create_run(engine, GPU, owner="ada")
+    bob = repo.create_run(engine, GPU, owner="bob")
+
+    order = repo.queue_order(engine, "gpu", now=now, half_life_s=4 * HOUR)
+
+    assert [q.id for q in order] == [bob.id, ada.id]  # 10 h × 0.5**18 weighs far less than half an hour now
+    assert order[1].owner_usage_s == pytest.approx(HOUR / 2)
+
+
+def test_racing_claimers_take_every_queued_run_exactly_once_in_order(engine: Engine) -> None:
+    runs = [repo.create_run(engine, GPU, owner=f"p{i % 3}") for i in range(24)]
+    claimers = 8
+    barrier = threading.Barrier(claimers)
+    taken: dict[str, list[str]] = {f"w{i}": [] for i in range(claimers)}
+
+    def claim(worker: str) -> None:
+        barrier.wait()
+        while (run := repo.claim_next(engine, "gpu", worker)) is not None:
+            taken[worker].append(run.id)
+
+    threads = [threading.Thread(target=claim, args=(w,)) for w in taken]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [run_id for ids in taken.values() for run_id in ids]
+    assert sorted(every) == sorted(r.id for r in runs)  # each once, none left behind
+    assert repo.queue_order(engine, "gpu") == []
+    assert {repo.get_run(engine, run_id).worker_id for run_id in taken["w0"]} <= {"w0"}
+
+
+def test_a_claim_takes_the_best_run_not_the_first_queued(engine: Engine) -> None:
+    first = repo.create_run(engine, GPU, owner="ada")
+    urgent = repo.create_run(engine, GPU, owner="bob", priority=1)
+    assert repo.claim_next(engine, "gpu", "w1").id == urgent.id
+    assert repo.claim_next(engine, "gpu", "w1").id == first.id
+    assert repo.claim_next(engine, "gpu", "w1") is None
+
+
+def test_priority_changes_only_while_queued_and_only_to_a_known_level(engine: Engine) -> None:
+    run = repo.create_run(engine, GPU, owner="ada")
+    assert repo.set_priority(engine, run.id, 1).priority == 1
+    with pytest.raises(ValueError, match="priority 5"):
+        repo.set_priority(engine, run.id, 5)
+    with pytest.raises(ValueError, match="priority 2"):
+        repo.create_run(engine, GPU, owner="ada", priority=2)
+    repo.claim_run(engine, run.id, "w1")
+    assert repo.set_priority(engine, run.id, -1) is None
+    assert repo.get_run(engine, run.id).priority == 1
+    with pytest.raises(repo.RunNotFound):
+        repo.set_priority(engine, "nosuchrun", 0)
+
+
+def test_a_queues_typical_run_time_is_the_median_of_its_newest_completed_runs(engine: Engine) -> None:
+    now = utcnow()
+    for i, minutes in enumerate((10, 20, 30, 600)):  # the oldest (ten hours) is not among the newest three
+        _used(engine, "ada", now - timedelta(hours=i + 1, minutes=minutes), now - timedelta(hours=i + 1))
+    failed = repo.create_run(engine, GPU, owner="ada")
+    repo.claim_run(engine, failed.id, "w0")
+    repo.finish_run(engine, failed.id, "failed")  # only completed runs say how long a run takes
+    assert repo.typical_run_s(engine, ["gpu", "cpu"], last=3) == {"gpu": pytest.approx(20 * 60.0)}
+    assert repo.typical_run_s(engine, []) == {}

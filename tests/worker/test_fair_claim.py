@@ -1,0 +1,57 @@
+"""A delivered message is a token for its queue (worker/claim.py), against a real Redis and a real database: the
+worker takes the best queued run, the run its message named keeps a message, a lost run is resumed first, and a
+message whose run is already taken starts nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.names import RUN_TASK
+from db.repo import claim_run, create_run, get_run, mark_lost
+from worker.broker import run_ids_in_broker
+from worker.claim import take_turn
+
+GPU = {"device": "cuda", "data": {"name": "digits"}, "model": {"name": "mlp"}}
+
+
+@pytest.fixture
+def broker(reaper):
+    engine, app, _ = reaper
+    return engine, app
+
+
+def test_a_delivery_for_one_run_takes_the_better_run_and_sends_its_own_again(broker):
+    engine, app = broker
+    sweep_trial = create_run(engine, GPU, owner="ada")
+    colleague = create_run(engine, GPU, owner="bob", priority=1)
+    run = take_turn(engine, sweep_trial.id, "w1")
+    assert run.id == colleague.id and get_run(engine, colleague.id).worker_id == "w1"
+    assert get_run(engine, sweep_trial.id).status == "queued"
+    assert run_ids_in_broker(app, ("gpu",), RUN_TASK) == {sweep_trial.id}  # it still has a message
+
+
+def test_a_delivery_that_takes_its_own_run_sends_nothing(broker):
+    engine, app = broker
+    run = create_run(engine, GPU, owner="ada")
+    assert take_turn(engine, run.id, "w1").id == run.id
+    assert run_ids_in_broker(app, ("gpu",), RUN_TASK) == set()
+
+
+def test_a_lost_run_is_resumed_by_its_message_before_better_queued_runs(broker):
+    engine, _ = broker
+    lost = create_run(engine, GPU, owner="ada")
+    claim_run(engine, lost.id, "w0")
+    assert mark_lost(engine, -1) == [lost.id]
+    create_run(engine, GPU, owner="bob", priority=1)
+    resumed = take_turn(engine, lost.id, "w1")
+    assert (resumed.id, resumed.attempt, resumed.worker_id) == (lost.id, 2, "w1")
+
+
+def test_a_message_whose_run_was_taken_starts_nothing(broker):
+    engine, app = broker
+    taken = create_run(engine, GPU, owner="ada")
+    waiting = create_run(engine, GPU, owner="bob")
+    claim_run(engine, taken.id, "w0")
+    assert take_turn(engine, taken.id, "w1") is None  # its turn was spent: `waiting` has its own message
+    assert get_run(engine, waiting.id).status == "queued"
+    assert run_ids_in_broker(app, ("gpu",), RUN_TASK) == set()
