@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Float, case, func, literal, select, union_all, update
+from sqlalchemy import Connection, Engine, Float, case, func, literal, select, text, union_all, update
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -79,6 +79,23 @@ def _epoch_sqlite(element: epoch_s, compiler: Any, **kw: Any) -> str:
 def _epoch(element: epoch_s, compiler: Any, **kw: Any) -> str:
     # (date_part is EXTRACT's double precision form: EXTRACT's numeric arithmetic costs more than the read)
     return f"date_part('epoch', {compiler.process(element.clauses, **kw)})"
+
+
+# A queue's distinct (priority, owner) among its queued runs, by a walk of ix_run_queue_order (a "loose index scan":
+# for each priority, each step seeks the next owner after the last), so a claim's cost grows with the number of
+# groups, not with the 10,000 runs that may wait in them. Plain SQL that SQLite and Postgres both run.
+_OWNER_AFTER = """(SELECT r.owner FROM run r WHERE r.status = 'queued' AND r.queue = :queue AND r.priority = {p}{after}
+    ORDER BY r.owner LIMIT 1)"""
+_GROUPS = text(
+    f"""WITH RECURSIVE g(priority, owner) AS (
+    SELECT p.priority, {_OWNER_AFTER.format(p="p.priority", after="")}
+    FROM ({" UNION ALL ".join(f"SELECT {v} AS priority" for v in sorted(PRIORITIES.values()))}) AS p
+    UNION ALL
+    SELECT g.priority, {_OWNER_AFTER.format(p="g.priority", after=" AND r.owner > g.owner")}
+    FROM g WHERE g.owner IS NOT NULL
+)
+SELECT priority, owner FROM g WHERE owner IS NOT NULL"""
+)
 
 
 def recent_usage(engine: Engine, owners: Iterable[str], *, now: datetime, half_life_s: float) -> dict[str, float]:
@@ -145,21 +162,26 @@ def _ordered(
     the whole order (the dashboard) is one read, sorted here by the same key."""
     where = (Run.status == "queued", Run.queue.in_(queues))
     with connection_scope(engine) as conn:  # (one connection for the three reads: a claim's time is mostly round trips)
-        groups = conn.execute(select(Run.queue, Run.priority, Run.owner).where(*where).distinct()).all()
+        if len(queues) == 1:  # a claim, or one queue's line: a walk of the index, one step per group
+            groups = [(queues[0], p, o) for p, o in conn.execute(_GROUPS, {"queue": queues[0]})]
+        else:
+            groups = [
+                tuple(g) for g in conn.execute(select(Run.queue, Run.priority, Run.owner).where(*where).distinct())
+            ]
         if not groups:
             return {}
-        usage = _usage(conn, {g.owner for g in groups}, now=now, half_life_s=half_life_s)
-        groups.sort(key=lambda g: (g.queue, -g.priority, usage[g.owner], g.owner))
-        rank = {tuple(g): i for i, g in enumerate(groups)}
+        usage = _usage(conn, {g[2] for g in groups}, now=now, half_life_s=half_life_s)
+        groups.sort(key=lambda g: (g[0], -g[1], usage[g[2]], g[2]))
+        rank = {g: i for i, g in enumerate(groups)}
         columns = (Run.id, Run.name, Run.owner, Run.priority, Run.created_at, Run.queue)
         rows = []
         if limit is None:
             rows = conn.execute(select(*columns).where(*where)).all()
         else:
-            for g in groups:
+            for queue, priority, owner in groups:
                 if len(rows) >= limit:
                     break
-                group = (Run.status == "queued", Run.queue == g.queue, Run.priority == g.priority, Run.owner == g.owner)
+                group = (Run.status == "queued", Run.queue == queue, Run.priority == priority, Run.owner == owner)
                 query = select(*columns).where(*group).order_by(Run.created_at, Run.id).limit(limit - len(rows))
                 rows += conn.execute(query).all()
     rows.sort(key=lambda r: (rank.get((r.queue, r.priority, r.owner), len(rank)), r.created_at, r.id))

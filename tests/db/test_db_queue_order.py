@@ -115,3 +115,16 @@ def test_a_queues_typical_run_time_is_the_median_of_its_newest_completed_runs(en
     repo.finish_run(engine, failed.id, "failed")  # only completed runs say how long a run takes
     assert repo.typical_run_s(engine, ["gpu", "cpu"], last=3) == {"gpu": pytest.approx(20 * 60.0)}
     assert repo.typical_run_s(engine, []) == {}
+
+
+def test_one_queues_walk_of_the_index_finds_the_same_groups_as_a_scan_of_every_queue(engine: Engine) -> None:
+    for i in range(24):  # owners in and out of order, every priority, another queue, and runs no longer queued
+        run = repo.create_run(engine, GPU if i % 5 else CPU, owner=f"p{(i * 7) % 6}", priority=i % 3 - 1)
+        if i % 4 == 0:
+            repo.claim_run(engine, run.id, "w0")
+    walked = repo.queue_order(engine, "gpu")  # one queue: the recursive walk
+    scanned = repo.queue_orders(engine, ["gpu", "cpu"])["gpu"]  # several: one DISTINCT over them
+    assert [q.id for q in walked] == [q.id for q in scanned]
+    assert {(q.priority, q.owner) for q in walked} == {
+        (r.priority, r.owner) for r in repo.list_runs(engine, status="queued", limit=100).runs if r.spec == GPU
+    }
