@@ -117,7 +117,7 @@ def result(p: predict.Prediction, truth: str | None) -> None:
         left.image(p.seen, width=SEEN_WIDTH, caption="what the model saw", clamp=True)
         with right:
             st.markdown(
-                f"{f.md_text(p.name)} → **{f.md_text(best)}** {prob:.1%} · {p.latency_ms:.1f} ms"
+                f"{f.md_text(p.name)} → **{f.md_text(best)}** {prob:.1%} · {p.latency_ms:.3g} ms"
                 + (f" · true class {f.code_span(truth)}" if truth is not None else "")
             )
             for cls, q in p.top:  # the top classes, as bars: a table's grid is drawn later than the page

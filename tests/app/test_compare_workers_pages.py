@@ -61,7 +61,8 @@ def test_workers_empty_state(page):
     assert any("The queue is empty" in c.value for c in at.caption)
 
 
-def test_workers_devices_heartbeat_current_run_and_queue_positions(page, engine):
+def test_workers_devices_heartbeat_current_run_and_queue_positions(page, engine, monkeypatch):
+    monkeypatch.setenv("TORCHDECK_STALE_AFTER_S", "3600")  # the planted worker stays live however slow the page
     running = seed_run(engine, "busy", status="running")
     repo.upsert_worker(
         engine,

@@ -91,7 +91,7 @@ def test_predictions_equal_onnxruntime_with_the_bundles_preprocessing(engine, fi
         assert p.error is None and p.top[0][0] == best
         assert len(p.top) == 5 and [q for _, q in p.top] == sorted((q for _, q in p.top), reverse=True)
         np.testing.assert_allclose([q for _, q in p.top], np.sort(probs)[::-1][:5], rtol=1e-5, atol=1e-7)
-        assert p.seen.shape == (8, 8) and p.seen.dtype == np.uint8 and 0 < p.latency_ms < 5000
+        assert p.seen.shape == (8, 8) and p.seen.dtype == np.uint8 and p.latency_ms >= 0
         right += best == str(_label(i))
     assert right >= 4, "the tiny digits model should classify most of these digits"
 

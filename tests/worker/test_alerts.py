@@ -4,6 +4,7 @@ cooldown, and the webhook gets an escaped Slack-compatible line. Every round is 
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,18 @@ from worker.alerts import check_alerts, evaluate
 from worker.settings import WorkerSettings
 
 MIN = timedelta(minutes=1)
+
+
+@pytest.fixture(autouse=True)
+def _rules_evaluated(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """A rule that raised is only logged (one broken rule never stops the others): "nothing fired" must not pass on
+    a crash, so every test here fails on such a warning."""
+    caplog.set_level(logging.WARNING, logger="torchdeck.worker.alerts")
+    yield
+    broken = [
+        r.getMessage() for r in caplog.records if r.name == "torchdeck.worker.alerts" and r.levelno >= logging.WARNING
+    ]
+    assert not broken, broken
 
 
 @pytest.fixture(params=("sqlite", "postgres"))
