@@ -17,7 +17,8 @@ from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from db.engine import connection_scope
-from db.models import ModelAlias, ModelAliasMove, ModelVersion, RegisteredModel
+from db.errors import RunNotFound
+from db.models import ModelAlias, ModelAliasMove, ModelVersion, RegisteredModel, Run
 from db.types import ALIAS_LEN, NAME_LEN, OWNER_LEN, json_safe, utcnow
 
 MAX_MOVES_SHOWN = 1000
@@ -91,10 +92,16 @@ def add_version(
     check: Callable[[ModelRecord | None], None],
 ) -> VersionRecord:
     """Register the next version of `name` (the model is created, owned by `by`, when it is new); `check` sees the
-    locked model (None when new) and raises to refuse, before anything is written."""
+    locked model (None when new) and raises to refuse, before anything is written. RunNotFound when the run is gone
+    (deleted before this transaction, or by one that held it first)."""
     _check_lengths(name, by)
     now = utcnow()
     with connection_scope(engine, write=True) as conn:
+        # The run's row held against a delete until this version is written (db.runs.delete_run locks it FOR UPDATE
+        # and refuses a run holding a version): a run deleted meanwhile is RunNotFound, never a version of nothing.
+        # (SQLite: the writers' BEGIN IMMEDIATE takes turns already.)
+        if conn.execute(select(Run.id).where(Run.id == run_id).with_for_update(read=True)).scalar() is None:
+            raise RunNotFound(run_id)
         model = _locked_model(conn, name)
         if model is None:
             # Two first registrations at once (Postgres; SQLite's writers take turns): the second waits on the

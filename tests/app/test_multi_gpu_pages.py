@@ -92,7 +92,7 @@ def test_the_workers_page_shows_a_multi_gpu_worker_and_what_it_takes(page, engin
     workers, queue = at.dataframe[0].value, at.dataframe[1].value
     takes = dict(zip(workers["worker"], workers["takes"], strict=True))
     assert takes == {"gpu0-3@box/1-aa": "4 GPUs (runs of 2–4)", "gpu4@box/2-bb": "1 GPU per run"}
-    assert queue.set_index("id").loc[waiting.id, "queue"] == "gpu-x2"
+    assert queue.set_index("open").loc[f"run?id={waiting.id}", "queue"] == "gpu-x2"
 
 
 def test_the_run_page_shows_batch_per_rank_and_total_and_the_learning_rate(page, engine):

@@ -110,13 +110,15 @@ def test_a_delete_racing_a_claim_on_postgres_never_deletes_a_claimed_run(engine:
         deleting = threading.Thread(target=lambda: outcome.append(_try_delete(engine, run.id)))
         deleting.start()
         deadline = time.monotonic() + TIMEOUT_S
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
         with make_engine(engine.url.render_as_string(hide_password=False)).connect() as watch:
-            while not watch.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database()"
-                )
-            ).scalar():
+            while True:
+                seen = watch.execute(waiting).scalar()
+                watch.rollback()  # pg_stat_activity is a snapshot taken once per transaction: a new one each look
+                if seen:
+                    break
                 assert time.monotonic() < deadline and deleting.is_alive(), f"the delete did not wait: {outcome}"
                 time.sleep(0.05)
         claim.commit()

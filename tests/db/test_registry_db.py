@@ -61,7 +61,7 @@ def test_every_alias_move_is_audited_and_resolved_at_once(engine) -> None:
 
 
 def test_a_refusing_check_writes_nothing(engine) -> None:
-    _version(engine, "digits")
+    first = _version(engine, "digits")
 
     def refuse(model) -> None:
         raise PermissionError(f"not yours: {model.owner}")
@@ -69,7 +69,7 @@ def test_a_refusing_check_writes_nothing(engine) -> None:
     with pytest.raises(PermissionError, match="not yours: ana"):
         reg.move_alias(engine, "digits", "production", 1, by="eve", check=refuse)
     with pytest.raises(PermissionError):
-        reg.add_version(engine, "digits", run_id="r", artifacts=[], lineage={}, by="eve", check=refuse)
+        reg.add_version(engine, "digits", run_id=first.run_id, artifacts=[], lineage={}, by="eve", check=refuse)
     assert reg.aliases(engine, "digits") == {} and reg.alias_moves(engine, "digits") == []
     assert [v.version for v in reg.list_versions(engine, "digits")] == [1]
 
@@ -112,3 +112,58 @@ def test_registrations_at_once_take_distinct_numbers_and_one_owner(engine) -> No
     assert numbers == list(range(1, 9))
     owner = reg.get_model(engine, "digits").owner
     assert judged.count(None) == 1 and [o for o in judged if o is not None] == [owner] * 7
+
+
+def test_a_run_deleted_while_it_is_being_registered_leaves_no_version_of_nothing(engine) -> None:
+    import threading
+
+    from sqlalchemy import delete, select
+
+    from db.engine import writer
+    from db.errors import RunNotFound
+    from db.models import ModelVersion, Run
+
+    run = repo.create_run(engine, {"lr": 0.1}, owner="ana")
+    files = [{"kind": "onnx", "artifact_id": "a1", "filename": "model.onnx", "sha256": "0" * 64, "size": 3}]
+    outcome: list[BaseException | reg.VersionRecord] = []
+
+    def register() -> None:
+        try:
+            outcome.append(
+                reg.add_version(engine, "m", run_id=run.id, artifacts=files, lineage={}, by="ana", check=_allow)
+            )
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(e)
+
+    with writer(engine).connect() as deleting:  # delete_run's transaction, held open: the run's row locked
+        deleting.begin()
+        deleting.execute(select(Run.id).where(Run.id == run.id).with_for_update())
+        deleting.execute(delete(Run).where(Run.id == run.id))
+        thread = threading.Thread(target=register)
+        thread.start()
+        if engine.dialect.name == "postgresql":  # the registration waits on the row (SQLite: on the write lock)
+            _wait_for_a_lock_wait(engine, lambda: outcome)
+        deleting.commit()
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(outcome[0], RunNotFound)
+    with engine.connect() as c:
+        assert c.execute(select(ModelVersion.run_id)).all() == []
+
+
+def _wait_for_a_lock_wait(engine, outcome) -> None:
+    """Until a session of this database waits on a lock (bounded: a minute). Each look in a transaction of its own:
+    pg_stat_activity is a snapshot taken once per transaction."""
+    import time
+
+    from sqlalchemy import text
+
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        with engine.connect() as watch:
+            if watch.execute(waiting).scalar():
+                return
+        assert time.monotonic() < deadline, f"the registration never waited on the run's row: {outcome()}"
+        time.sleep(0.05)
