@@ -68,15 +68,27 @@ def submit(
             "which only an admin may cancel or delete in the dashboard).",
         ),
     ] = None,
+    priority: Annotated[
+        str, typer.Option("--priority", help="low, normal or high: its place in its queue (`torchdeck priority`).")
+    ] = "normal",
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
     and the broker's credentials, as an operator: it is not signed in."""
+    from app.auth import local_user
     from app.services.broker import run_queue
     from app.services.runs import submit as do_submit
 
     run_spec = load_spec_or_exit(spec, overrides)
-    try:
-        run = do_submit(run_spec, name=name, tags=tags, owner=owner or cli_owner(), engine=_engine())
+    try:  # (the operator's shell may give any priority: it acts as an admin)
+        run = do_submit(
+            run_spec,
+            name=name,
+            tags=tags,
+            owner=owner or cli_owner(),
+            engine=_engine(),
+            priority=priority,
+            by=local_user(),
+        )
     except (RuntimeError, ValueError) as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(1) from None

@@ -138,3 +138,20 @@ def test_torchdeck_priority_moves_a_queued_run_and_refuses_a_finished_one(engine
     )
     result = CliRunner().invoke(app, ["priority", queued.id, "urgent"])
     assert result.exit_code == 2 and "priority 'urgent': one of low, normal, high" in result.output
+
+
+def test_torchdeck_submit_queues_a_run_at_the_priority_asked(engine, broker, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "overnight", "data": {"name": "digits"}, "device": "cpu"}))
+    done = CliRunner().invoke(app, ["submit", str(spec), "--priority", "low"])
+    assert done.exit_code == 0, done.output
+    run = repo.get_run(engine, done.output.strip().splitlines()[-1])
+    assert (run.status, run.priority) == ("queued", -1) and broker.llen("cpu") == 1
+    refused = CliRunner().invoke(app, ["submit", str(spec), "--priority", "urgent"])
+    assert refused.exit_code == 1 and "priority 'urgent': one of low, normal, high" in refused.output
+    assert broker.llen("cpu") == 1  # nothing stored, nothing sent
