@@ -131,3 +131,61 @@ def test_one_queues_walk_of_the_index_finds_the_same_groups_as_a_scan_of_every_q
     assert {(q.priority, q.owner) for q in walked} == {
         (r.priority, r.owner) for r in repo.list_runs(engine, status="queued", limit=100).runs if r.spec == GPU
     }
+
+
+def test_a_run_on_several_gpus_counts_each_of_them(engine: Engine) -> None:
+    now = utcnow() + timedelta(hours=1)
+    pair = repo.create_run(engine, {**GPU, "resources": {"gpus": 2}}, owner="ada")  # the gpu-x2 queue
+    repo.claim_run(engine, pair.id, "w0", now=now - timedelta(hours=1))
+    usage = repo.recent_usage(engine, ["ada", "bob"], now=now, half_life_s=4 * HOUR)
+    assert usage == {"ada": pytest.approx(2 * HOUR), "bob": 0.0}
+
+
+def test_0012_gives_existing_runs_their_queue_and_goes_down_and_up_again(database_url: str) -> None:
+    import sqlalchemy as sa
+
+    from db.engine import make_engine
+    from db.migrate import downgrade, upgrade
+    from db.models import UTCDateTime
+
+    upgrade(database_url, "0011")
+    engine = make_engine(database_url)
+    try:
+        old = sa.table(  # the run table as 0011 left it: no queue, no priority
+            "run",
+            *(sa.column(c) for c in ("id", "name", "owner", "status", "spec_hash", "attempt", "cancel_requested")),
+            sa.column("spec", sa.JSON),
+            sa.column("summary", sa.JSON),
+            sa.column("created_at", UTCDateTime()),
+        )
+        specs = {"single": GPU, "pair": {**GPU, "resources": {"gpus": 2}}, "cpu": CPU}
+        with engine.begin() as c:
+            for name, spec in specs.items():
+                c.execute(
+                    sa.insert(old).values(
+                        id=name,
+                        name=name,
+                        owner="ada",
+                        status="queued",
+                        spec=spec,
+                        spec_hash="0" * 64,
+                        attempt=0,
+                        cancel_requested=False,
+                        summary={},
+                        created_at=utcnow(),
+                    )
+                )
+        upgrade(database_url)
+        with engine.connect() as c:
+            assert dict(c.execute(sa.select(Run.id, Run.queue)).all()) == {
+                "single": "gpu",
+                "pair": "gpu-x2",
+                "cpu": "cpu",
+            }
+            assert {p for (p,) in c.execute(sa.select(Run.priority))} == {0}
+        assert downgrade(database_url, "0011") == "0011"
+        assert not {"queue", "priority"} & {col["name"] for col in sa.inspect(engine).get_columns("run")}
+        upgrade(database_url)
+        assert [q.id for q in repo.queue_order(engine, "gpu")] == ["single"]
+    finally:
+        engine.dispose()
