@@ -27,7 +27,7 @@ from core.names import PRIORITIES, queue_gpus
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound
 from db.models import Run
-from db.run_records import get_run, require_run
+from db.run_records import get_run, records, require_run
 from db.runs import claim_run
 from db.types import RunRecord, utcnow
 
@@ -147,22 +147,56 @@ def queue_order(
 
 
 def queue_orders(
-    engine: Engine, queues: Iterable[str], *, now: datetime | None = None, half_life_s: float = DEFAULT_HALF_LIFE_S
+    engine: Engine,
+    queues: Iterable[str] | None = None,
+    *,
+    now: datetime | None = None,
+    half_life_s: float = DEFAULT_HALF_LIFE_S,
 ) -> dict[str, list[QueuedRun]]:
-    """queue_order of each of `queues` (a queue with no queued run is left out), in three queries however many
-    queues: the dashboard shows every queue at once."""
-    return _ordered(engine, list(queues), now or utcnow(), half_life_s, None)
+    """queue_order of each of `queues` (None: every queue; a queue with no queued run is left out), in three queries
+    however many queues: the dashboard shows every queue at once."""
+    return _ordered(engine, None if queues is None else list(queues), now or utcnow(), half_life_s, None)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The runs waiting for a worker, as the dashboard lists them."""
+
+    runs: list[RunRecord]  # lost runs first (their own message resumes them), then queued runs by place
+    places: dict[str, QueuedRun]  # every queued run's place, by id (not only those in `runs`)
+    total: int  # how many wait in all, lost runs included
+
+
+def waiting(
+    engine: Engine, *, limit: int, now: datetime | None = None, half_life_s: float = DEFAULT_HALF_LIFE_S
+) -> Waiting:
+    """At most `limit` waiting runs: the lost ones (oldest first), then the queued ones by their place, each queue's
+    first places before any queue's later ones, so a run that goes next is listed however many wait behind it."""
+    lines = _ordered(engine, None, now or utcnow(), half_life_s, None)
+    places = {q.id: q for line in lines.values() for q in line}
+    with connection_scope(engine) as conn:
+        lost = Run.status == "lost"
+        lost_total = conn.execute(select(func.count()).select_from(Run).where(lost)).scalar_one()
+        rows = conn.execute(select(Run.__table__).where(lost).order_by(Run.created_at, Run.id).limit(limit)).all()
+        heads = sorted(places.values(), key=lambda q: (q.position, q.created_at, q.id))[: limit - len(rows)]
+        if heads:
+            queued = conn.execute(select(Run.__table__).where(Run.id.in_([q.id for q in heads]))).all()
+            rows += sorted(queued, key=lambda r: (r.queue, places[r.id].position))
+        found = records(conn, rows)
+    return Waiting([found[r.id] for r in rows], places, lost_total + len(places))
 
 
 def _ordered(
-    engine: Engine, queues: list[str], now: datetime, half_life_s: float, limit: int | None
+    engine: Engine, queues: list[str] | None, now: datetime, half_life_s: float, limit: int | None
 ) -> dict[str, list[QueuedRun]]:
     """The runs in groups of (queue, priority, owner), the groups ranked, each group oldest first. A claim (a
     `limit`) reads only the first groups' first runs, from the index ix_run_queue_order, however long the queue;
     the whole order (the dashboard) is one read, sorted here by the same key."""
-    where = (Run.status == "queued", Run.queue.in_(queues))
+    where = (Run.status == "queued", *(() if queues is None else (Run.queue.in_(queues),)))
     with connection_scope(engine) as conn:  # (one connection for the three reads: a claim's time is mostly round trips)
-        if len(queues) == 1:  # a claim, or one queue's line: a walk of the index, one step per group
+        if (
+            queues is not None and len(queues) == 1
+        ):  # a claim, or one queue's line: a walk of the index, one step per group
             groups = [(queues[0], p, o) for p, o in conn.execute(_GROUPS, {"queue": queues[0]})]
         else:
             groups = [

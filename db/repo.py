@@ -28,7 +28,9 @@ from db.queue_order import (
     queue_orders,
     recent_usage,
     set_priority,
+    Waiting,
     typical_run_s,
+    waiting,
 )
 from db.quota import queued_count
 from db.records import (
@@ -110,6 +112,8 @@ __all__ = [
     "recent_usage",
     "set_priority",
     "typical_run_s",
+    "Waiting",
+    "waiting",
     "series_counts",
     "series_many",
     "ArtifactNotFound",

@@ -69,12 +69,14 @@ def live() -> None:
             },
         )
     st.subheader("Queue")
-    queued = queries.queued_runs()
-    if not queued:
+    wait = overview_view.waiting(queries.engine(), limit=overview_view.MAX_QUEUED)
+    if not wait.runs:
         st.caption("The queue is empty.")
         return
-    owners = owner_labels((r.owner for r in queued), engine=queries.engine())
-    table, _ = overview_view.queue_table(queries.engine(), queued, owners)  # (the Overview's table: one order)
+    owners = owner_labels((r.owner for r in wait.runs), engine=queries.engine())
+    table, _ = overview_view.queue_table(queries.engine(), wait, owners)  # (the Overview's table: one order)
+    if wait.total > len(wait.runs):
+        st.caption(f"The first {len(wait.runs)} of {wait.total} waiting runs, by their place in their queues.")
     st.dataframe(
         table,
         hide_index=True,

@@ -21,7 +21,7 @@ from app.services.broker import QueueStatus, engine_for, queue_status
 from app.services.owners import owner_labels
 from app.ui import queries
 from core import catalog
-from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, queue_of
+from core.names import FINISHED_STATUSES, TRAIN_LOSS, queue_of
 from db import overview, repo
 from db.queue_order import configured_half_life_s
 from db.types import RunRecord
@@ -216,7 +216,7 @@ def queued_frame(
             }
         )
     rows.sort(key=lambda row: (row["queue"], row["position"] or 0))
-    frame = pd.DataFrame(rows[:SHOWN_QUEUED], columns=QUEUED_COLUMNS)
+    frame = pd.DataFrame(rows, columns=QUEUED_COLUMNS)
     return frame.astype({"position": "Int64"})  # (a lost run's empty position keeps the others whole numbers)
 
 
@@ -230,14 +230,18 @@ def _starts_in(q: repo.QueuedRun | None, workers: int, typical_s: float | None) 
 
 
 def queue_table(
-    engine: Engine, queued: list[RunRecord], owners: dict[str, str]
+    engine: Engine, wait: repo.Waiting, owners: dict[str, str]
 ) -> tuple[pd.DataFrame, dict[str, QueueStatus]]:
-    """queued_frame of these waiting runs, from the database (the Overview and Workers pages), and the status of
-    each of their queues."""
-    statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in queued})}
-    lines = repo.queue_orders(engine, statuses, half_life_s=configured_half_life_s()).values()
-    order = {q.id: q for line in lines for q in line}
-    return queued_frame(queued, owners, statuses, order, repo.typical_run_s(engine, statuses)), statuses
+    """queued_frame of the waiting runs (repo.waiting: the Overview and Workers pages), and the status of each of
+    their queues."""
+    statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in wait.runs})}
+    return queued_frame(wait.runs, owners, statuses, wait.places, repo.typical_run_s(engine, statuses)), statuses
+
+
+def waiting(engine: Engine, limit: int = SHOWN_QUEUED) -> repo.Waiting:
+    """The waiting runs the Overview (and, more of them, the Workers page) lists: lost ones, then the queues' first
+    places."""
+    return repo.waiting(engine, limit=limit, half_life_s=configured_half_life_s())
 
 
 def attention(runs: list[RunRecord], found: dict[str, overview.Findings]) -> tuple[Attention, ...]:
@@ -262,16 +266,14 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
     done = repo.list_runs(engine, status=list(FINISHED_STATUSES), sort="finished_at", limit=MAX_FINISHED)
     since = now - timedelta(seconds=window_s)
     recent = [r for r in done.runs if r.finished_at is not None and r.finished_at >= since]
-    queued = repo.list_runs(
-        engine, status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False, limit=MAX_QUEUED
-    )
+    queued = waiting(engine)
     shown = [*running.runs, *recent]
     found = overview.findings(engine, [r.id for r in shown])
     curves = overview.curves(
         engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))]
     )
     owners = owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
-    queued_table, statuses = queue_table(engine, list(queued.runs), owners)
+    queued_table, statuses = queue_table(engine, queued, owners)
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),

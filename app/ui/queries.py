@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from app.services.broker import engine_for
 from app.ui import run_units
-from core.names import CLAIMABLE_STATUSES, TEST_EVENT
+from core.names import TEST_EVENT
 from db import repo
 from db.engine import database_url
 from db.types import (
@@ -329,12 +329,6 @@ def workers(engine: Engine) -> list[WorkerRecord]:
 @shared(ttl=5)
 def datasets(engine: Engine) -> list[DatasetRecord]:
     return repo.list_datasets(engine)
-
-
-def queued_runs(limit: int = 1000) -> list[RunRecord]:
-    """Queued (and lost, waiting to be re-delivered) runs, oldest first: the order workers take them."""
-    page = repo.list_runs(engine(), status=list(CLAIMABLE_STATUSES), sort="created_at", descending=False, limit=limit)
-    return list(page.runs)
 
 
 def epoch_anchors(run_id: str) -> list[tuple[int, int, float]]:

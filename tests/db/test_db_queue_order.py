@@ -189,3 +189,20 @@ def test_0012_gives_existing_runs_their_queue_and_goes_down_and_up_again(databas
         assert [q.id for q in repo.queue_order(engine, "gpu")] == ["single"]
     finally:
         engine.dispose()
+
+
+def test_the_dashboards_list_of_waiting_runs_starts_with_who_goes_next_however_many_wait(engine: Engine) -> None:
+    now = utcnow() + timedelta(hours=1)
+    _used(engine, "ada", now - timedelta(hours=3), now - timedelta(hours=1))  # ada's sweep has had its share
+    sweep = [repo.create_run(engine, GPU, owner="ada") for _ in range(12)]
+    cpu = [repo.create_run(engine, CPU, owner="ada") for _ in range(3)]
+    lost = repo.create_run(engine, GPU, owner="cyd")
+    repo.claim_run(engine, lost.id, "w0")
+    repo.mark_lost(engine, -1)
+    single = repo.create_run(engine, GPU, owner="bob")  # queued last, goes first
+    shown = repo.waiting(engine, limit=5, now=now)
+    assert shown.total == 12 + 3 + 1 + 1
+    # the lost run; then the queues' first two places (each queue's in its order): cpu, then gpu with bob's run first
+    assert [r.id for r in shown.runs] == [lost.id, cpu[0].id, cpu[1].id, single.id, sweep[0].id]
+    assert shown.places[single.id].position == 1 and shown.places[sweep[-1].id].position == 13
+    assert lost.id not in shown.places  # a lost run has no place: its own message resumes it
