@@ -55,3 +55,27 @@ def test_a_message_whose_run_was_taken_starts_nothing(broker):
     assert take_turn(engine, taken.id, "w1") is None  # its turn was spent: `waiting` has its own message
     assert get_run(engine, waiting.id).status == "queued"
     assert run_ids_in_broker(app, ("gpu",), RUN_TASK) == set()
+
+
+def test_real_workers_take_the_runs_in_the_fair_order_and_each_once(stack):
+    """A backlog of one person, then a colleague's single run and an urgent one, with a real worker process on each
+    backend: the urgent run starts first; then ada and bob have no recent GPU time (a tie, by name: ada), then ada
+    has some and bob's run goes before the rest of her backlog; every run completes once."""
+    from app.auth import local_user
+    from app.services.runs import submit
+    from core.config import RunSpec
+    from tests.worker.conftest import RUN
+
+    def queue(owner: str, priority: str = "normal") -> str:
+        spec = RunSpec.from_dict(RUN, ["train.epochs=1"])
+        return submit(spec, owner=owner, engine=stack.engine, priority=priority, by=local_user()).id
+
+    backlog = [queue("ada") for _ in range(3)]
+    colleague = queue("bob")
+    urgent = queue("cyd", "high")
+    stack.start_worker("w1")  # one worker: it takes them one at a time, in the queue's order
+    runs = [stack.wait(i, timeout=400) for i in [*backlog, colleague, urgent]]
+    assert [r.status for r in runs] == ["completed"] * 5, [(r.id, r.status, r.error) for r in runs]
+    assert all(r.attempt == 1 for r in runs)  # each ran once
+    started = [r.id for r in sorted(runs, key=lambda r: r.started_at)]
+    assert started == [urgent, backlog[0], colleague, backlog[1], backlog[2]]
