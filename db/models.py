@@ -145,9 +145,9 @@ class Sweep(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     error: Mapped[str | None] = mapped_column(Text)
-    # The per-person queued-runs limit applied at launch (NULL: none): the controller, worker-side too, keeps
-    # the owner's queued runs under it as it creates the trials (migration 0008).
+    # The owner's queued-runs limit at launch (NULL: none), kept as the trials are created (migration 0008).
     max_queued: Mapped[int | None] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # its trials' (migration 0013)
 
 
 class SweepTrial(Base):

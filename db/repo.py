@@ -23,12 +23,12 @@ from db.listing import list_runs, owners_and_tags
 from db.metrics import append_metrics, metric_keys, point_problem, series_counts
 from db.queue_order import (
     QueuedRun,
+    Waiting,
     claim_next,
     queue_order,
     queue_orders,
     recent_usage,
     set_priority,
-    Waiting,
     typical_run_s,
     waiting,
 )
@@ -80,6 +80,7 @@ from db.sweeps import (
     list_sweeps,
     record_decision,
     set_group,
+    set_sweep_priority,
     sweep_runs,
     trials,
 )
@@ -182,6 +183,7 @@ __all__ = [
     "TrialRecord",
     "DecisionRecord",
     "create_sweep",
+    "set_sweep_priority",
     "get_sweep",
     "list_sweeps",
     "finish_sweep",

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 
+from core.names import PRIORITIES
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, SweepNotFound
 from db.metrics import IN_CHUNK
@@ -38,10 +39,18 @@ RunToCreate = tuple[Mapping[str, Any], str]  # (validated run spec as JSON data,
 
 
 def create_sweep(
-    engine: Engine, spec: Mapping[str, Any], *, name: str, owner: str, max_queued: int | None = None
+    engine: Engine,
+    spec: Mapping[str, Any],
+    *,
+    name: str,
+    owner: str,
+    max_queued: int | None = None,
+    priority: int = 0,
 ) -> SweepRecord:
     """Store a new `running` sweep (its trials are created as it advances, each while its owner's queued runs
-    stay within `max_queued`)."""
+    stay within `max_queued`, at `priority`: core.names.PRIORITIES' values)."""
+    if priority not in PRIORITIES.values():
+        raise ValueError(f"priority {priority!r}: one of {sorted(PRIORITIES.values())} ({', '.join(PRIORITIES)})")
     name = name.strip()
     check_text("name", name, NAME_LEN)
     check_text("owner", owner, OWNER_LEN)
@@ -56,9 +65,23 @@ def create_sweep(
                 spec=json_safe(dict(spec)),
                 created_at=utcnow(),
                 max_queued=max_queued,
+                priority=priority,
             )
         )
     return get_sweep(engine, sweep_id)
+
+
+def set_sweep_priority(engine: Engine, sweep_id: str, priority: int) -> int:
+    """The priority of a sweep's trials to come and of its queued ones (one of PRIORITIES' values), in one
+    transaction; how many queued runs moved. SweepNotFound."""
+    if priority not in PRIORITIES.values():
+        raise ValueError(f"priority {priority!r}: one of {sorted(PRIORITIES.values())} ({', '.join(PRIORITIES)})")
+    with session_scope(engine) as session:
+        found = session.execute(update(Sweep).where(Sweep.id == sweep_id).values(priority=priority)).rowcount
+        if found != 1:
+            raise SweepNotFound(sweep_id)
+        stmt = update(Run).where(Run.sweep_id == sweep_id, Run.status == "queued").values(priority=priority)
+        return session.execute(stmt.execution_options(synchronize_session=False)).rowcount
 
 
 def get_sweep(engine: Engine, sweep_id: str) -> SweepRecord:
@@ -89,6 +112,7 @@ def _sweep(row: Any) -> SweepRecord:
         finished_at=row.finished_at,
         error=row.error,
         max_queued=row.max_queued,
+        priority=row.priority or 0,
     )
 
 
@@ -128,8 +152,8 @@ def add_trial(
     ids = []
     try:
         with session_scope(engine) as session:
-            alive, limit = session.execute(
-                select(Sweep.status, Sweep.max_queued).where(Sweep.id == sweep.id).with_for_update()
+            alive, limit, priority = session.execute(
+                select(Sweep.status, Sweep.max_queued, Sweep.priority).where(Sweep.id == sweep.id).with_for_update()
             ).one()
             if alive != "running":
                 return None
@@ -147,7 +171,9 @@ def add_trial(
             session.flush()  # the primary key decides here who has this number
             for spec, name in runs:
                 group = group_id if len(runs) > 1 else None
-                row = queued_row(spec, name, sweep.owner, sweep_id=sweep.id, trial=number, group_id=group)
+                row = queued_row(
+                    spec, name, sweep.owner, sweep_id=sweep.id, trial=number, group_id=group, priority=priority or 0
+                )
                 session.add(row)
                 ids.append(row.id)
             session.flush()

@@ -265,6 +265,7 @@ class SweepRecord:
     finished_at: datetime | None
     error: str | None
     max_queued: int | None = None  # the owner's queued-runs limit its trials are created under (None: none)
+    priority: int = 0  # its trials' place in their queue (core.names.PRIORITIES' values)
 
     @property
     def finished(self) -> bool:

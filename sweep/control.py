@@ -61,14 +61,16 @@ def create(
     name: str | None = None,
     tags: Sequence[str] = (),
     max_queued: int | None = None,
+    priority: int = 0,
 ) -> SweepRecord:
     """Store the sweep and queue its first trials (up to `parallel`, while the owner's queued runs stay within
-    `max_queued`, stored with the sweep for every later advance). Its base must have passed the dashboard's
-    gate (app.services.admission): each trial is checked against it (core.admission.check_trial)."""
+    `max_queued`, stored with the sweep for every later advance; at `priority`, its trials' place in their queue).
+    Its base must have passed the dashboard's gate (app.services.admission): each trial is checked against it
+    (core.admission.check_trial)."""
     label = name or spec.name or f"{spec.base.data.name}-{spec.base.model.name}-{spec.method}"
     all_tags = check_tags([*spec.tags, *tags])  # each tag checked before anything is stored
     stored = spec.model_copy(update={"name": label, "tags": all_tags}).model_dump(mode="json", by_alias=True)
-    sweep = repo.create_sweep(engine, stored, name=label, owner=owner, max_queued=max_queued)
+    sweep = repo.create_sweep(engine, stored, name=label, owner=owner, max_queued=max_queued, priority=priority)
     advance(engine, sweep.id, send)
     return repo.get_sweep(engine, sweep.id)
 

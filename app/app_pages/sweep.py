@@ -14,7 +14,7 @@ from app.present import text as f
 from app.present.seed_groups import mean_std_text
 from app.services import sweeps
 from app.services.owners import owner_label
-from app.ui import frame, queries
+from app.ui import frame, queries, queue_view
 from app.ui import sweep_view as sv
 
 K = frame.page_state("sweep")
@@ -248,6 +248,7 @@ def main() -> None:
         st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")
     header(v)
     cancel_button(v)
+    queue_view.sweep_priority_control(v.sweep)
     st.fragment(live, run_every=sv.REFRESH_S if running else None)(v.sweep.id, running)
     spec_panel(v)
 

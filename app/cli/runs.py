@@ -196,15 +196,29 @@ def cancel(run_id: str) -> None:
 
 
 def priority(
-    run_id: str,
+    run_id: Annotated[str, typer.Argument(help="A queued run, or a sweep (its queued trials and those to come).")],
     level: Annotated[str, typer.Argument(help="low, normal or high (high: an admin's; this shell is one).")],
 ) -> None:
     """Move a queued run within its queue: a worker takes the highest priority first, then the person with the
     least recent GPU time, then the oldest run."""
     from app.auth import local_user
     from app.services.runs import set_priority
+    from app.services.sweeps import set_sweep_priority
+    from db.repo import RunNotFound, SweepNotFound, get_run
 
-    _get(run_id)
+    try:
+        get_run(_engine(), run_id)
+    except RunNotFound:
+        try:
+            moved = set_sweep_priority(run_id, level, engine=_engine(), by=local_user())
+        except SweepNotFound:
+            typer.secho(f"no run or sweep {run_id!r}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        except ValueError as e:
+            typer.secho(str(e), fg="red", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"sweep {run_id}: priority {level} ({moved} queued run(s) moved, and its trials to come)")
+        return
     try:
         # A shell with the database's credentials is the operator's: the CLI acts as an admin.
         run = set_priority(run_id, level, engine=_engine(), by=local_user())

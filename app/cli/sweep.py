@@ -34,6 +34,9 @@ def sweep(
     as_json: Annotated[bool, typer.Option("--json", help="status: machine-readable.")] = False,
     launch: Annotated[bool, typer.Option("--launch", help="best: launch the best configuration as a new run.")] = False,
     seeds: Annotated[int, typer.Option("--seeds", help="best --launch: as a group of this many seeds.")] = 1,
+    priority: Annotated[
+        str, typer.Option("--priority", help="low, normal or high: its trials' place in their queue.")
+    ] = "normal",
 ) -> None:
     """Launch a sweep (many runs as one experiment, bad trials stopped early), or show, cancel or relaunch one."""
     if target in ACTIONS:
@@ -43,7 +46,7 @@ def sweep(
             sweep_id, as_json=as_json, launch=launch, seeds=seeds, owner=owner
         )
         return
-    _launch(Path(target), space, overrides, name, owner)
+    _launch(Path(target), space, overrides, name, owner, priority)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -72,8 +75,9 @@ def _read(path: Path) -> str:
 
 
 def _launch(
-    spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None
+    spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None, priority: str
 ) -> None:
+    from app.auth import local_user
     from app.cli.runs import _engine, _say_who_serves, cli_owner
     from app.services.broker import run_queue
     from app.services.sweeps import estimate, submit_sweep
@@ -82,7 +86,9 @@ def _launch(
     engine = _engine()
     typer.echo(estimate(spec, engine).describe(spec.pruner.kind))
     try:
-        sweep = submit_sweep(spec, owner=owner or cli_owner(), name=name, engine=engine)
+        sweep = submit_sweep(
+            spec, owner=owner or cli_owner(), name=name, engine=engine, priority=priority, by=local_user()
+        )
     except (RuntimeError, ValueError) as e:
         _fail(str(e))
     typer.echo(

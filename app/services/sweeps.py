@@ -14,7 +14,9 @@ from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
 from app.services import admission
 from app.services.broker import enqueue, get_engine
 from app.services.owners import owner_label
+from app.services.runs import check_priority
 from core.config import RunSpec
+from core.names import PRIORITIES
 from db import repo
 from db.types import RunRecord, SweepRecord
 from sweep import control, study
@@ -26,13 +28,22 @@ def send(run: RunRecord) -> None:
 
 
 def submit_sweep(
-    spec: SweepSpec, *, owner: str, name: str | None = None, tags: Sequence[str] = (), engine: Engine | None = None
+    spec: SweepSpec,
+    *,
+    owner: str,
+    name: str | None = None,
+    tags: Sequence[str] = (),
+    engine: Engine | None = None,
+    priority: str = "normal",
+    by: User | None = None,
 ) -> SweepRecord:
     """Store the sweep and queue its first trials. The sweep is validated again (its space never names a file,
     its grid is sized first); its base passes the gate of every new run (app.services.admission: bounds, the paths it
     reads, room under the owner's queued-runs limit for its first configuration's runs). Its trials are
-    created by sweep.control under the same limit, stored with the sweep, each reading what the base reads."""
+    created by sweep.control under the same limit, stored with the sweep, each reading what the base reads, queued
+    at `priority` (above normal: an admin's, `by`; PermissionDenied)."""
     engine = engine or get_engine()
+    check_priority(priority, by)
     spec = SweepSpec.from_dict(spec.model_dump(mode="json", by_alias=True))  # a model_copy is never validated
     limit, in_flight = admission.max_queued_per_owner(), spec.budget.parallel * spec.seeds
     if limit is not None and in_flight > limit:
@@ -42,7 +53,24 @@ def submit_sweep(
         )
     [base] = admission.admit([spec.base], owner=owner, engine=engine, room_for=spec.seeds)
     spec = spec.model_copy(update={"base": base})
-    return control.create(engine, spec, owner=owner, send=send, name=name, tags=tags, max_queued=limit)
+    return control.create(
+        engine, spec, owner=owner, send=send, name=name, tags=tags, max_queued=limit, priority=PRIORITIES[priority]
+    )
+
+
+def set_sweep_priority(sweep_id: str, priority: str, *, by: User, engine: Engine | None = None) -> int:
+    """The priority of a sweep's queued trials and of those it will queue; how many queued runs moved. As for a run:
+    its owner lowers it or brings it back to normal, only an admin raises it (PermissionDenied)."""
+    engine = engine or get_engine()
+    sweep = repo.get_sweep(engine, sweep_id)
+    if not can_modify(by, sweep):
+        who = by.describe() if by else "an anonymous user"
+        raise PermissionDenied(
+            f"{who} may not reprioritise sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
+            f"and only its owner or an admin ({ADMINS_ENV}) may"
+        )
+    check_priority(priority, by)
+    return repo.set_sweep_priority(engine, sweep_id, PRIORITIES[priority])
 
 
 def cancel_sweep(sweep_id: str, *, by: User, engine: Engine | None = None) -> SweepRecord:

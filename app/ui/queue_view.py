@@ -1,5 +1,5 @@
 """A queued run's place in its queue on the Run page: its position, why, about when it starts, and its priority,
-which its owner (lower or back to normal) or an admin (any) may change."""
+which its owner (lower or back to normal) or an admin (any) may change; a running sweep's priority on its page."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from app import auth
 from app.present import text as f
 from app.services import queue_place
 from app.services.runs import set_priority
+from app.services.sweeps import set_sweep_priority
 from app.ui import frame, queries
 from core.names import PRIORITIES
-from db.errors import RunNotFound
-from db.types import RunRecord
+from db.errors import RunNotFound, SweepNotFound
+from db.types import RunRecord, SweepRecord
 
 K = frame.page_state("run")
 
@@ -62,4 +63,35 @@ def priority_control(r: RunRecord, user: auth.User) -> None:
         st.error(f"Priority not changed: {f.md_text(e)}", icon=":material/error:")
     else:
         queries.clear()
+        st.rerun()
+
+
+def sweep_priority_control(sweep: SweepRecord) -> None:
+    """A running sweep's priority, for its owner (low or normal) or an admin (any): its queued trials move, and the
+    trials it queues later take it."""
+    user = auth.current_user()
+    if sweep.finished or not auth.can_modify(user, sweep):
+        return
+    current = queue_place.PRIORITY_NAMES.get(sweep.priority, "normal")
+    admin = user is not None and user.is_admin
+    options = list(PRIORITIES) if admin or current == "high" else ["low", "normal"]
+    choice = st.selectbox(
+        "Priority of its trials",
+        options,
+        index=options.index(current),
+        key=f"sweep.priority.{sweep.id}",
+        help="Their place in the queue: a worker takes high before normal before low, then the person with the "
+        "least recent GPU time. " + ("" if admin else "Only an admin may raise a sweep to high."),
+    )
+    if choice == current:
+        return
+    try:
+        moved = set_sweep_priority(sweep.id, choice, by=user, engine=queries.engine())
+    except SweepNotFound:
+        st.error("This sweep was deleted.", icon=":material/error:")
+    except (auth.PermissionDenied, ValueError) as e:
+        st.error(f"Priority not changed: {f.md_text(e)}", icon=":material/error:")
+    else:
+        queries.clear()
+        st.toast(f"{moved} queued trial run(s) moved to {choice} priority, and the trials to come")
         st.rerun()

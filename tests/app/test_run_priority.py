@@ -155,3 +155,62 @@ def test_torchdeck_submit_queues_a_run_at_the_priority_asked(engine, broker, tmp
     refused = CliRunner().invoke(app, ["submit", str(spec), "--priority", "urgent"])
     assert refused.exit_code == 1 and "priority 'urgent': one of low, normal, high" in refused.output
     assert broker.llen("cpu") == 1  # nothing stored, nothing sent
+
+
+def _running_sweep(engine, owner: str):
+    from sweep import control
+    from tests.app.sweep_seeding import sweep_spec
+
+    return control.create(engine, sweep_spec(1, budget={"parallel": 2}), owner=owner, send=lambda run: None)
+
+
+def test_a_sweeps_owner_lowers_its_trials_on_its_page_and_only_an_admin_raises_them(team, engine):
+    from app.services.sweeps import set_sweep_priority
+
+    sweep = _running_sweep(engine, user(BOB).id)
+    queued = [r.id for r in repo.sweep_runs(engine, sweep.id)]
+    assert len(queued) == 2
+    at = team_page("sweep.py", claims(ANA), id=sweep.id)
+    assert not at.exception and not [s for s in at.selectbox if s.label == "Priority of its trials"]
+    with pytest.raises(auth.PermissionDenied, match=f"may not reprioritise sweep {sweep.id}"):
+        set_sweep_priority(sweep.id, "low", by=user(ANA), engine=engine)
+    at = team_page("sweep.py", claims(BOB), id=sweep.id)
+    box = next(s for s in at.selectbox if s.label == "Priority of its trials")
+    assert box.options == ["low", "normal"] and box.value == "normal"
+    box.set_value("low").run()
+    assert not at.exception
+    assert repo.get_sweep(engine, sweep.id).priority == -1
+    assert [repo.get_run(engine, i).priority for i in queued] == [-1, -1]
+    with pytest.raises(auth.PermissionDenied, match="only an admin may"):
+        set_sweep_priority(sweep.id, "high", by=user(BOB), engine=engine)
+    assert set_sweep_priority(sweep.id, "high", by=user(ADMIN), engine=engine) == 2
+
+
+def test_torchdeck_priority_takes_a_sweep_too(engine):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    sweep = _running_sweep(engine, "ada")
+    done = CliRunner().invoke(app, ["priority", sweep.id, "low"])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"sweep {sweep.id}: priority low (2 queued run(s) moved, and its trials to come)"
+    assert {r.priority for r in repo.sweep_runs(engine, sweep.id)} == {-1}
+    missing = CliRunner().invoke(app, ["priority", "nosuchthing", "low"])
+    assert missing.exit_code == 2 and "no run or sweep 'nosuchthing'" in missing.output
+
+
+def test_torchdeck_sweep_launches_its_trials_at_the_priority_asked(engine, broker, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    from tests.app.sweep_seeding import sweep_spec
+
+    data = sweep_spec(1, budget={"parallel": 2}).model_dump(mode="json", by_alias=True, exclude_none=True)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(data))
+    done = CliRunner().invoke(app, ["sweep", str(tmp_path / "sweep.yaml"), "--priority", "low"])
+    assert done.exit_code == 0, done.output
+    sweep_id = done.output.strip().splitlines()[-1]
+    assert repo.get_sweep(engine, sweep_id).priority == -1
+    assert [r.priority for r in repo.sweep_runs(engine, sweep_id)] == [-1, -1]

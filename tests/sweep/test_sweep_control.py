@@ -271,3 +271,19 @@ def test_a_stored_sweep_over_a_file_never_gets_a_trial(engine) -> None:
     after = repo.get_sweep(engine, sweep.id)
     assert after.status == "failed" and "model.weights_file" in after.error
     assert repo.trials(engine, sweep.id) == [] and repo.sweep_runs(engine, sweep.id) == []
+
+
+def test_a_sweeps_trials_are_queued_at_its_priority_and_move_with_it(engine) -> None:
+    queue = Queue()
+    sweep = control.create(engine, sweep_spec(budget={"parallel": 2}), owner="ana", send=queue, priority=-1)
+    assert repo.get_sweep(engine, sweep.id).priority == -1
+    assert [repo.get_run(engine, i).priority for i in queue.sent] == [-1, -1]
+    play(engine, repo.get_run(engine, queue.sent[0]))  # one trial runs: it keeps the priority it ran at
+    assert repo.set_sweep_priority(engine, sweep.id, 0) == 1  # the queued one moves
+    assert [repo.get_run(engine, i).priority for i in queue.sent] == [-1, 0]
+    control.advance(engine, sweep.id, queue)
+    assert repo.get_run(engine, queue.sent[-1]).priority == 0  # and the trials to come
+    with pytest.raises(ValueError, match="priority 3"):
+        repo.set_sweep_priority(engine, sweep.id, 3)
+    with pytest.raises(repo.SweepNotFound):
+        repo.set_sweep_priority(engine, "nosuchsweep", 0)
