@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from db.types import DEFAULT_PROJECT
+
 MODE_ENV = "TORCHDECK_MODE"
 ADMINS_ENV = "TORCHDECK_ADMINS"  # comma-separated identity keys (<iss>#<sub>) or verified e-mails
 # The allow-list (any set: only who matches one, or an admin, is a member; none set: everyone signed in).
@@ -79,6 +81,16 @@ class User:
     is_admin: bool = False
     email: str | None = None
     groups: frozenset[str] = frozenset()
+    # (project, role) for every project they have a role in (app/services/projects.with_roles); None: not looked up.
+    roles: tuple[tuple[str, str], ...] | None = None
+
+    def role_in(self, project: str) -> str | None:
+        """Their role in `project`: "admin" for an admin (everywhere), else viewer, member, maintainer or None."""
+        if self.is_admin:
+            return "admin"
+        if self.roles is None:
+            raise RuntimeError(f"the projects of {self.id} were not looked up (app.services.projects.with_roles)")
+        return dict(self.roles).get(project)
 
     def describe(self) -> str:
         """For messages: the name and what identifies it (the verified e-mail, else the key)."""
@@ -180,14 +192,41 @@ def is_member(user: User) -> bool:
     )
 
 
-def can_modify(user: User | None, thing: Any) -> bool:
-    """Cancel and delete a run, delete a dataset: its owner or an admin (viewing and cloning are open to every
-    member). `thing.owner` is an identity key; one stored before identities were keyed holds an e-mail (no
-    '#'), which the user's verified e-mail matches; no owner (a dataset from before datasets had one): admins."""
+# Project roles in increasing rights: a viewer sees; a member also launches runs and acts on their own; a
+# maintainer acts on anyone's in the project and manages its members; an admin is everything everywhere.
+ROLE_RANK = {"viewer": 1, "member": 2, "maintainer": 3, "admin": 4}
+
+
+def has_role(user: User | None, project: str, least: str) -> bool:
+    """Has `user` at least the role `least` in `project`?"""
     if user is None:
         return False
-    if user.is_admin:
+    role = user.role_in(project)
+    return role is not None and ROLE_RANK[role] >= ROLE_RANK[least]
+
+
+def can_read(user: User | None, project: str) -> bool:
+    """Sees the project's runs, sweeps, datasets, models, their metrics, files and live feeds."""
+    return has_role(user, project, "viewer")
+
+
+def can_contribute(user: User | None, project: str) -> bool:
+    """Launches runs and sweeps, uploads datasets, registers models in the project."""
+    return has_role(user, project, "member")
+
+
+def can_modify(user: User | None, thing: Any) -> bool:
+    """Cancel and delete a run, delete a dataset: its owner while a member of its project, a maintainer of its
+    project, or an admin (viewing is open to the project's viewers, cloning to its members). `thing.owner` is
+    an identity key; one stored before identities were keyed holds an e-mail (no '#'), which the user's
+    verified e-mail matches; no owner (a dataset from before datasets had one): maintainers and admins."""
+    if user is None:
+        return False
+    project = getattr(thing, "project", DEFAULT_PROJECT)
+    if has_role(user, project, "maintainer"):
         return True
+    if not has_role(user, project, "member"):
+        return False
     owner = getattr(thing, "owner", None)
     if not owner:
         return False
@@ -200,9 +239,11 @@ def check_can_modify(user: User | None, run: Any, action: str, owner: str | None
     """PermissionDenied unless `user` may `action` this run; `owner` is how to name its owner (default the key)."""
     if not can_modify(user, run):
         who = user.describe() if user else "an anonymous user"
+        project = getattr(run, "project", DEFAULT_PROJECT)
         raise PermissionDenied(
-            f"{who} may not {action} run {run.id}: it belongs to {owner or run.owner}, and only "
-            f"its owner or an admin ({ADMINS_ENV}) may {action} it"
+            f"{who} may not {action} run {run.id}: it belongs to {owner or run.owner}, and only its owner (a "
+            f"member of project {project}), a maintainer of project {project} or an admin ({ADMINS_ENV}) may "
+            f"{action} it"
         )
 
 

@@ -44,6 +44,7 @@ def list_runs(
     parent_id: str | None = None,
     sweep_id: str | None = None,
     group_id: str | None = None,
+    project: str | None = None,
     expression: str | None = None,
     sort: str = "created_at",
     descending: bool = True,
@@ -52,7 +53,8 @@ def list_runs(
 ) -> RunPage:
     """One page of runs matching every filter given, with the total that match.
 
-    `sweep_id` and `group_id` keep a sweep's trials, a seed group's runs. `status` and `tag` take one value or
+    `sweep_id`, `group_id` and `project` keep a sweep's trials, a seed group's runs, a project's
+    runs. `status` and `tag` take one value or
     several (any of the statuses; all of the tags). `text` matches a part of the name, of a tag or of the notes
     (any case) or the start of the id. `expression` is a filter expression
     (db.filters: `val/acc > 0.9 and optim.lr <= 1e-3`; FilterError when it
@@ -69,6 +71,8 @@ def list_runs(
         where.append(Run.sweep_id == sweep_id)
     if group_id is not None:
         where.append(Run.group_id == group_id)
+    if project is not None:
+        where.append(Run.project == project)
     page_query = select(Run.__table__).where(*where)
     page_query = _ordered(page_query, sort, descending).limit(limit).offset(offset)
     with connection_scope(engine) as conn:
@@ -145,9 +149,14 @@ def _ordered(query: Any, sort: str, descending: bool) -> Any:
     return query.order_by(ordering, Run.id.desc() if descending else Run.id.asc())
 
 
-def owners_and_tags(engine: Engine) -> tuple[list[str], list[str]]:
-    """Every owner and every tag in use, sorted: the Runs page's filter choices."""
+def owners_and_tags(engine: Engine, project: str | None = None) -> tuple[list[str], list[str]]:
+    """Every owner and every tag in use (in one project's runs, or in all), sorted: the Runs page's filter
+    choices."""
+    owners_q, tags_q = select(Run.owner).distinct(), select(RunTag.tag).distinct()
+    if project is not None:
+        owners_q = owners_q.where(Run.project == project)
+        tags_q = tags_q.join(Run, Run.id == RunTag.run_id).where(Run.project == project)
     with connection_scope(engine) as conn:
-        owners = sorted(conn.execute(select(Run.owner).distinct()).scalars())
-        tags = sorted(conn.execute(select(RunTag.tag).distinct()).scalars())
+        owners = sorted(conn.execute(owners_q).scalars())
+        tags = sorted(conn.execute(tags_q).scalars())
     return owners, tags

@@ -33,12 +33,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from db.types import (
     ALIAS_LEN,
     DATASET_STATUSES,
+    DEFAULT_PROJECT,
     EMAIL_LEN,
     EVENT_KEY_LEN,
     ID_LEN,
     KEY_LEN,
     NAME_LEN,
     OWNER_LEN,
+    PROJECT_LEN,
+    PROJECT_ROLES,
     RUN_STATUSES,
     SWEEP_STATUSES,
     TAG_LEN,
@@ -85,6 +88,48 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+def _project_column() -> Mapped[str]:
+    """The project a row belongs to (migration 0014: existing rows are the default project's)."""
+    return mapped_column(
+        String(PROJECT_LEN),
+        ForeignKey("project.name"),
+        default=DEFAULT_PROJECT,
+        server_default=DEFAULT_PROJECT,
+        index=True,
+    )
+
+
+class Project(Base):
+    """A line of work: its runs, sweeps, datasets and models, and who may see and act on them (project_member).
+    `open_role` is the role every member of the dashboard has in it without being listed (NULL: only who is
+    listed, and admins); the default project is open to every member as `member`, as the dashboard was before."""
+
+    __tablename__ = "project"
+    __table_args__ = (CheckConstraint(f"open_role IS NULL OR open_role IN ({_in(PROJECT_ROLES)})", name="open_role"),)
+
+    name: Mapped[str] = mapped_column(String(PROJECT_LEN), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    open_role: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(OWNER_LEN))
+
+
+class ProjectMember(Base):
+    """A person's role in a project: viewer (sees), member (runs, acts on their own), maintainer (acts on
+    anyone's, manages membership). Deleting the project deletes its members."""
+
+    __tablename__ = "project_member"
+    __table_args__ = (CheckConstraint(f"role IN ({_in(PROJECT_ROLES)})", name="role"),)
+
+    project: Mapped[str] = mapped_column(
+        String(PROJECT_LEN), ForeignKey("project.name", ondelete="CASCADE"), primary_key=True
+    )
+    person: Mapped[str] = mapped_column(String(OWNER_LEN), primary_key=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    added_by: Mapped[str] = mapped_column(String(OWNER_LEN))
+
+
 class Run(Base):
     __tablename__ = "run"
     __table_args__ = (
@@ -127,6 +172,7 @@ class Run(Base):
     # Its queue (core.names.queue_of its spec) and priority (-1 low, 0 normal, 1 high): the fair queue's order.
     queue: Mapped[str | None] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    project: Mapped[str] = _project_column()
 
 
 class Sweep(Base):
@@ -148,6 +194,7 @@ class Sweep(Base):
     # The owner's queued-runs limit at launch (NULL: none), kept as the trials are created (migration 0008).
     max_queued: Mapped[int | None] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # its trials' (migration 0013)
+    project: Mapped[str] = _project_column()
 
 
 class SweepTrial(Base):
@@ -303,6 +350,7 @@ class Dataset(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     owner: Mapped[str | None] = mapped_column(String(OWNER_LEN), index=True)
+    project: Mapped[str] = _project_column()
 
 
 class Account(Base):
@@ -338,6 +386,7 @@ class RegisteredModel(Base):
     name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
     owner: Mapped[str] = mapped_column(String(OWNER_LEN), index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    project: Mapped[str] = _project_column()
 
 
 class ModelVersion(Base):

@@ -15,6 +15,7 @@ from db.metrics import IN_CHUNK, lock_run_for_append
 from db.models import Account, Artifact, Dataset, Event, Run, Worker
 from db.types import (
     DATASET_STATUSES,
+    DEFAULT_PROJECT,
     EMAIL_LEN,
     EVENT_KEY_LEN,
     EVENT_LEVELS,
@@ -262,6 +263,7 @@ def create_dataset(
     counts: Mapping[str, int] | None = None,
     status: str = "pending",
     owner: str | None = None,
+    project: str = DEFAULT_PROJECT,
 ) -> DatasetRecord:
     """Register an uploaded dataset. Names are unique: a second one raises ValueError."""
     _check_dataset(name, status)
@@ -280,6 +282,7 @@ def create_dataset(
             error=None,
             created_at=utcnow(),
             owner=owner,
+            project=project,
         )
         session.add(dataset)
         session.flush()
@@ -316,8 +319,11 @@ def get_dataset(engine: Engine, dataset_id: str) -> DatasetRecord:
     return _get(engine, Dataset, dataset_id, DatasetNotFound, _dataset)
 
 
-def list_datasets(engine: Engine, status: str | None = None) -> list[DatasetRecord]:
+def list_datasets(engine: Engine, status: str | None = None, project: str | None = None) -> list[DatasetRecord]:
+    """By name (of one project, or of all)."""
     query = select(Dataset).order_by(Dataset.name)
+    if project is not None:
+        query = query.where(Dataset.project == project)
     if status is not None:
         query = query.where(Dataset.status == status)
     with session_scope(engine, write=False) as session:
@@ -352,6 +358,7 @@ def _dataset(d: Dataset) -> DatasetRecord:
         error=d.error,
         created_at=d.created_at,
         owner=d.owner,
+        project=d.project,
     )
 
 

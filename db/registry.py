@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from db.engine import connection_scope
 from db.errors import RunNotFound
 from db.models import ModelAlias, ModelAliasMove, ModelVersion, RegisteredModel, Run
-from db.types import ALIAS_LEN, NAME_LEN, OWNER_LEN, json_safe, utcnow
+from db.types import ALIAS_LEN, DEFAULT_PROJECT, NAME_LEN, OWNER_LEN, json_safe, utcnow
 
 MAX_MOVES_SHOWN = 1000
 
@@ -39,6 +39,7 @@ class ModelRecord:
     created_at: datetime
     latest_version: int | None = None  # filled by list_models
     aliases: Mapping[str, int] | None = None  # filled by list_models: alias -> version
+    project: str = DEFAULT_PROJECT
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _check_lengths(name: str, who: str, alias: str | None = None) -> None:
 
 
 def _model(row: Any) -> ModelRecord:
-    return ModelRecord(name=row.name, owner=row.owner, created_at=row.created_at)
+    return ModelRecord(name=row.name, owner=row.owner, created_at=row.created_at, project=row.project)
 
 
 def _locked_model(conn: Connection, name: str) -> ModelRecord | None:
@@ -100,16 +101,23 @@ def add_version(
         # The run's row held against a delete until this version is written (db.runs.delete_run locks it FOR UPDATE
         # and refuses a run holding a version): a run deleted meanwhile is RunNotFound, never a version of nothing.
         # (SQLite: the writers' BEGIN IMMEDIATE takes turns already.)
-        if conn.execute(select(Run.id).where(Run.id == run_id).with_for_update(read=True)).scalar() is None:
+        project = conn.execute(select(Run.project).where(Run.id == run_id).with_for_update(read=True)).scalar()
+        if project is None:
             raise RunNotFound(run_id)
         model = _locked_model(conn, name)
         if model is None:
             # Two first registrations at once (Postgres; SQLite's writers take turns): the second waits on the
             # primary key, inserts nothing, and is then judged as a registration to the other's model.
             add = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[engine.dialect.name]
-            conn.execute(add(RegisteredModel).values(name=name, owner=by, created_at=now).on_conflict_do_nothing())
+            new = {"name": name, "owner": by, "created_at": now, "project": project}
+            conn.execute(add(RegisteredModel).values(**new).on_conflict_do_nothing())
             model = _locked_model(conn, name)
             model = None if model is not None and (model.owner, model.created_at) == (by, now) else model
+        if model is not None and model.project != project:
+            raise ValueError(
+                f"model {name!r} is in project {model.project}, and run {run_id} in project {project}: a model's "
+                "versions come from runs of its own project"
+            )
         check(model)
         last = conn.execute(select(func.max(ModelVersion.version)).where(ModelVersion.model_name == name)).scalar()
         values = {
@@ -160,17 +168,23 @@ def get_model(engine: Engine, name: str) -> ModelRecord:
     return _model(row)
 
 
-def list_models(engine: Engine) -> list[ModelRecord]:
-    """Every model by name, with its latest version number and its aliases (three queries, whatever the count)."""
+def list_models(engine: Engine, project: str | None = None) -> list[ModelRecord]:
+    """Every model (of one project, or of all) by name, with its latest version number and its aliases (three
+    queries, whatever the count)."""
     latest = select(ModelVersion.model_name, func.max(ModelVersion.version)).group_by(ModelVersion.model_name)
+    models = select(RegisteredModel.__table__).order_by(RegisteredModel.name)
+    if project is not None:
+        models = models.where(RegisteredModel.project == project)
     with connection_scope(engine) as conn:
-        rows = conn.execute(select(RegisteredModel.__table__).order_by(RegisteredModel.name)).all()
+        rows = conn.execute(models).all()
         newest = {m: v for m, v in conn.execute(latest)}
         aliases: dict[str, dict[str, int]] = {}
         for m, a, v in conn.execute(select(ModelAlias.model_name, ModelAlias.alias, ModelAlias.version)):
             aliases.setdefault(m, {})[a] = v
     return [
-        ModelRecord(r.name, r.owner, r.created_at, newest.get(r.name), dict(sorted(aliases.get(r.name, {}).items())))
+        ModelRecord(
+            r.name, r.owner, r.created_at, newest.get(r.name), dict(sorted(aliases.get(r.name, {}).items())), r.project
+        )
         for r in rows
     ]
 

@@ -74,6 +74,7 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         metrics=metrics,
         notes=row.notes or "",
         priority=row.priority or 0,
+        project=row.project,
     )
 
 

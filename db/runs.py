@@ -28,6 +28,7 @@ from db.run_labels import check_tags
 from db.run_records import get_run, load_runs, require_run
 from db.types import (
     CLAIMABLE_STATUSES,
+    DEFAULT_PROJECT,
     FINISHED_STATUSES,
     NAME_LEN,
     OWNER_LEN,
@@ -69,6 +70,7 @@ def create_run(
     max_queued: int | None = None,
     group_id: str | None = None,
     priority: int = 0,
+    project: str = DEFAULT_PROJECT,
 ) -> RunRecord:
     """Store a new `queued` run. `spec` is the validated RunSpec as plain JSON data. With `max_queued`,
     QueueLimitReached when the owner already has that many queued runs (counted in the same transaction)."""
@@ -81,6 +83,7 @@ def create_run(
         max_queued=max_queued,
         group_id=group_id,
         priority=priority,
+        project=project,
     )[0]
 
 
@@ -94,6 +97,7 @@ def create_runs(
     max_queued: int | None = None,
     group_id: str | None = None,
     priority: int = 0,
+    project: str = DEFAULT_PROJECT,
 ) -> list[RunRecord]:
     """Store several `queued` runs, each (spec as JSON data, name or None), in one transaction: all or none.
     With `max_queued`, QueueLimitReached when the owner's queued runs and these would be more than that
@@ -110,6 +114,7 @@ def create_runs(
             parent_id=parent_id,
             group_id=group_id,
             priority=priority,
+            project=project,
         )
         for spec, name in runs
     ]

@@ -23,6 +23,7 @@ from db.run_labels import check_tags
 from db.run_records import get_run, load_runs
 from db.runs import new_id, queued_row
 from db.types import (
+    DEFAULT_PROJECT,
     NAME_LEN,
     OWNER_LEN,
     SWEEP_FINISHED,
@@ -46,6 +47,7 @@ def create_sweep(
     owner: str,
     max_queued: int | None = None,
     priority: int = 0,
+    project: str = DEFAULT_PROJECT,
 ) -> SweepRecord:
     """Store a new `running` sweep (its trials are created as it advances, each while its owner's queued runs
     stay within `max_queued`, at `priority`: core.names.PRIORITIES' values)."""
@@ -66,6 +68,7 @@ def create_sweep(
                 created_at=utcnow(),
                 max_queued=max_queued,
                 priority=priority,
+                project=project,
             )
         )
     return get_sweep(engine, sweep_id)
@@ -92,9 +95,13 @@ def get_sweep(engine: Engine, sweep_id: str) -> SweepRecord:
     return _sweep(row)
 
 
-def list_sweeps(engine: Engine, *, status: Sequence[str] = (), limit: int = 500) -> list[SweepRecord]:
-    """Newest first."""
+def list_sweeps(
+    engine: Engine, *, status: Sequence[str] = (), limit: int = 500, project: str | None = None
+) -> list[SweepRecord]:
+    """Newest first (of one project, or of all)."""
     query = select(Sweep.__table__).order_by(Sweep.created_at.desc()).limit(limit)
+    if project is not None:
+        query = query.where(Sweep.project == project)
     if status:
         query = query.where(Sweep.status.in_(tuple(status)))
     with connection_scope(engine) as conn:
@@ -113,6 +120,7 @@ def _sweep(row: Any) -> SweepRecord:
         error=row.error,
         max_queued=row.max_queued,
         priority=row.priority or 0,
+        project=row.project,
     )
 
 
@@ -152,8 +160,10 @@ def add_trial(
     ids = []
     try:
         with session_scope(engine) as session:
-            alive, limit, priority = session.execute(
-                select(Sweep.status, Sweep.max_queued, Sweep.priority).where(Sweep.id == sweep.id).with_for_update()
+            alive, limit, priority, project = session.execute(
+                select(Sweep.status, Sweep.max_queued, Sweep.priority, Sweep.project)
+                .where(Sweep.id == sweep.id)
+                .with_for_update()
             ).one()
             if alive != "running":
                 return None
@@ -172,7 +182,14 @@ def add_trial(
             for spec, name in runs:
                 group = group_id if len(runs) > 1 else None
                 row = queued_row(
-                    spec, name, sweep.owner, sweep_id=sweep.id, trial=number, group_id=group, priority=priority or 0
+                    spec,
+                    name,
+                    sweep.owner,
+                    sweep_id=sweep.id,
+                    trial=number,
+                    group_id=group,
+                    priority=priority or 0,
+                    project=project,
                 )
                 session.add(row)
                 ids.append(row.id)

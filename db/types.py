@@ -35,6 +35,9 @@ KEY_LEN = MAX_METRIC_KEY  # metric keys (core.names builds the ones made from us
 EVENT_KEY_LEN = 160
 WORKER_ID_LEN = 200
 ALIAS_LEN = 64  # a registered model's alias (`production`)
+PROJECT_LEN = 40  # a project's name: lower-case letters, digits and dashes (it is part of URLs)
+DEFAULT_PROJECT = "default"  # every row made before projects, and everything in local mode unless told otherwise
+PROJECT_ROLES = ("viewer", "member", "maintainer")  # in increasing rights (app/projects.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ class RunRecord:
     notes: str = ""
     # Its place in its queue while queued: core.names.PRIORITIES' values (db/queue_order.py).
     priority: int = 0
+    project: str = DEFAULT_PROJECT
 
     @property
     def finished(self) -> bool:
@@ -223,6 +227,7 @@ class DatasetRecord:
     error: str | None
     created_at: datetime
     owner: str | None = None  # None: uploaded before datasets had owners (only an admin may delete it)
+    project: str = DEFAULT_PROJECT
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,7 @@ class SweepRecord:
     error: str | None
     max_queued: int | None = None  # the owner's queued-runs limit its trials are created under (None: none)
     priority: int = 0  # its trials' place in their queue (core.names.PRIORITIES' values)
+    project: str = DEFAULT_PROJECT
 
     @property
     def finished(self) -> bool:

@@ -27,7 +27,7 @@ from core.names import FINISHED_STATUSES
 from db import repo
 from db.errors import QueueLimitReached
 from db.run_labels import check_tags
-from db.types import RunRecord, SweepRecord
+from db.types import DEFAULT_PROJECT, RunRecord, SweepRecord
 from sweep import study
 from sweep.spec import SweepSpec
 
@@ -62,15 +62,18 @@ def create(
     tags: Sequence[str] = (),
     max_queued: int | None = None,
     priority: int = 0,
+    project: str = DEFAULT_PROJECT,
 ) -> SweepRecord:
-    """Store the sweep and queue its first trials (up to `parallel`, while the owner's queued runs stay within
-    `max_queued`, stored with the sweep for every later advance; at `priority`, its trials' place in their queue).
-    Its base must have passed the dashboard's gate (app.services.admission): each trial is checked against it
-    (core.admission.check_trial)."""
+    """Store the sweep (in `project`) and queue its first trials (up to `parallel`, while the owner's queued runs
+    stay within `max_queued`, stored with the sweep for every later advance; at `priority`, its trials' place in
+    their queue). Its base must have passed the dashboard's gate (app.services.admission): each trial is checked
+    against it (core.admission.check_trial)."""
     label = name or spec.name or f"{spec.base.data.name}-{spec.base.model.name}-{spec.method}"
     all_tags = check_tags([*spec.tags, *tags])  # each tag checked before anything is stored
     stored = spec.model_copy(update={"name": label, "tags": all_tags}).model_dump(mode="json", by_alias=True)
-    sweep = repo.create_sweep(engine, stored, name=label, owner=owner, max_queued=max_queued, priority=priority)
+    sweep = repo.create_sweep(
+        engine, stored, name=label, owner=owner, max_queued=max_queued, priority=priority, project=project
+    )
     advance(engine, sweep.id, send)
     return repo.get_sweep(engine, sweep.id)
 

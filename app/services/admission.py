@@ -6,6 +6,7 @@ limit stored with the sweep.
 
 In order, each refusal naming what is wrong:
 - bounds: the spec validated again as it will be stored (core.admission.bounded: SpecError per field);
+- project, in team mode: the owner a member (or maintainer) of the project the runs go to (PermissionDenied);
 - files: `data.path` and `model.weights_file` only under the allowed folders (app/services/paths.py: SpecError);
 - quota, in team mode: the owner's queued runs and the new ones at most TORCHDECK_MAX_QUEUED_PER_OWNER
   (QueueLimitReached). Counted here to refuse before anything changes, and again in the transaction that
@@ -19,11 +20,12 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
+from app.services.projects import check_contribute
 from core.admission import bounded
 from core.config import RunSpec
 from db import repo
 from db.errors import QueueLimitReached
-from db.types import RunRecord
+from db.types import DEFAULT_PROJECT, RunRecord
 
 MAX_QUEUED_ENV = "TORCHDECK_MAX_QUEUED_PER_OWNER"
 DEFAULT_MAX_QUEUED = 100
@@ -44,7 +46,14 @@ def max_queued_per_owner() -> int | None:
     return limit if limit > 0 else None
 
 
-def admit(specs: Sequence[RunSpec], *, owner: str, engine: Engine, room_for: int | None = None) -> list[RunSpec]:
+def admit(
+    specs: Sequence[RunSpec],
+    *,
+    owner: str,
+    engine: Engine,
+    room_for: int | None = None,
+    project: str = DEFAULT_PROJECT,
+) -> list[RunSpec]:
     """The specs as they may be stored (bounds checked again, paths made absolute), or the refusal: SpecError
     naming each field, QueueLimitReached when the owner's queued runs and `room_for` more (default: one per
     spec) would be over the limit. Nothing is stored here."""
@@ -52,7 +61,7 @@ def admit(specs: Sequence[RunSpec], *, owner: str, engine: Engine, room_for: int
     from db.artifacts import local_run_root
 
     root = local_run_root()
-    checked = [check_paths(bounded(spec), engine, root) for spec in specs]
+    checked = [check_paths(bounded(spec), engine, root, project) for spec in specs]
     limit = max_queued_per_owner()
     adding = len(checked) if room_for is None else room_for
     if limit is not None:
@@ -72,10 +81,13 @@ def store(
     parent_id: str | None = None,
     group_id: str | None = None,
     priority: int = 0,
+    project: str = DEFAULT_PROJECT,
 ) -> list[RunRecord]:
-    """Admit the specs and store them as queued runs, all or none (each named by `names`, else by its spec), at
-    `priority` (core.names.PRIORITIES' values). Sending them to the queue is the caller's."""
-    admitted = admit(specs, owner=owner, engine=engine)
+    """Admit the specs and store them as queued runs of `project`, all or none (each named by `names`, else by
+    its spec), at `priority` (core.names.PRIORITIES' values). Team mode: the owner must be a member of the project
+    (PermissionDenied; app.services.projects.check_contribute). Sending them to the queue is the caller's."""
+    check_contribute(owner, project, engine)
+    admitted = admit(specs, owner=owner, engine=engine, project=project)
     names = [s.name for s in admitted] if names is None else list(names)
     return repo.create_runs(
         engine,
@@ -86,4 +98,5 @@ def store(
         group_id=group_id,
         max_queued=max_queued_per_owner(),
         priority=priority,
+        project=project,
     )

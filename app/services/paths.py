@@ -54,8 +54,22 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path == root or root in path.parents for root in roots)
 
 
-def _registered(path: Path, engine: Engine) -> bool:
-    return any(_resolved(d.uri) == path for d in list_datasets(engine, status="ready"))
+def _registered(path: Path, engine: Engine, project: str | None) -> bool:
+    return any(_resolved(d.uri) == path for d in list_datasets(engine, status="ready", project=project))
+
+
+def _other_projects_run(path: Path, artifact_root: Path, engine: Engine, project: str | None) -> str | None:
+    """The id of the run whose folder under the artifact root holds `path`, when that run is of another project
+    than `project` (None: any, or a file that is no run's)."""
+    from db.projects import project_of
+
+    root = _resolved(artifact_root)
+    if project is None or root not in path.parents:
+        return None
+    parts = path.relative_to(root).parts  # runs/<run id>/… (db.artifacts' layout)
+    run_id = parts[1] if len(parts) > 1 and parts[0] == "runs" else parts[0]
+    found = project_of(engine, "run", run_id)
+    return run_id if found is not None and found != project else None
 
 
 def _refusal(field: str, roots: list[Path], hint: str) -> tuple[str, str]:
@@ -63,8 +77,11 @@ def _refusal(field: str, roots: list[Path], hint: str) -> tuple[str, str]:
     return field, f"this path is outside the folders runs may read ({where}): {hint}"
 
 
-def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tuple[str, str]]:
-    """(field, message) for each path in the spec that a run may not read."""
+def path_problems(
+    spec: RunSpec, engine: Engine, artifact_root: Path, project: str | None = None
+) -> list[tuple[str, str]]:
+    """(field, message) for each path in the spec that a run may not read. With `project` (team mode: the
+    project the run goes to), an uploaded dataset or a run's checkpoint counts only when it is of that project."""
     problems = []
     for field, value in (("data.path", spec.data.path), ("data.test_path", spec.data.test_path)):
         if not value:
@@ -72,10 +89,12 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
         path = _resolved(value)
         roots = data_roots()
         # An uploaded dataset is an image folder to read: never a torchvision root to download into.
-        registered = catalog.is_folder(spec.data.name) and _registered(path, engine)
+        registered = catalog.is_folder(spec.data.name) and _registered(path, engine, project)
         if not (_inside(path, roots) or registered):
             hint = (
-                "choose an uploaded dataset (Datasets page)"
+                f"choose an uploaded dataset of project {project} (Datasets page)"
+                if team_mode() and project is not None
+                else "choose an uploaded dataset (Datasets page)"
                 if team_mode()
                 else f"move the data under one of them, or add its folder to {ROOTS_ENV}"
             )
@@ -91,13 +110,18 @@ def path_problems(spec: RunSpec, engine: Engine, artifact_root: Path) -> list[tu
                     f"use a run's checkpoint, or ask the operator to add the folder to {ROOTS_ENV}",
                 )
             )
+        elif team_mode() and (other := _other_projects_run(path, artifact_root, engine, project)) is not None:
+            problems.append(
+                ("model.weights_file", f"this is a checkpoint of run {other}, of another project than {project}")
+            )
     return problems
 
 
-def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path) -> RunSpec:
+def check_paths(spec: RunSpec, engine: Engine, artifact_root: Path, project: str | None = None) -> RunSpec:
     """The spec with its paths made absolute (a worker elsewhere, or in another folder, reads what was checked),
-    or SpecError (a ValueError naming each field) when it reads files it may not."""
-    problems = path_problems(spec, engine, artifact_root)
+    or SpecError (a ValueError naming each field) when it reads files it may not (path_problems; `project`: the
+    project whose datasets and checkpoints it may read, in team mode)."""
+    problems = path_problems(spec, engine, artifact_root, project if team_mode() else None)
     if problems:
         raise SpecError(problems)
     data, model = spec.data, spec.model

@@ -8,11 +8,12 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine
 
-from app.auth import PermissionDenied, User, check_can_modify
+from app.auth import PermissionDenied, User, check_can_modify, has_role
 from app.services import admission
 from app.services.artifacts import artifact_root, artifact_store
 from app.services.broker import broker_url, enqueue, get_engine
 from app.services.owners import owner_label
+from app.services.projects import DEFAULT_PROJECT, ProjectHidden, check_read, with_roles
 from core.config import RunSpec
 from core.names import PRIORITIES
 from core.redact import redact
@@ -36,6 +37,7 @@ def submit(
     engine: Engine | None = None,
     priority: str = "normal",
     by: User | None = None,
+    project: str = DEFAULT_PROJECT,
 ) -> RunRecord:
     """Store a validated spec as a queued run and enqueue it (the New run form, a clone, "start from a run's
     weights", `torchdeck submit`, a re-run). Invalid specs never get here: RunSpec validation happens first
@@ -43,9 +45,10 @@ def submit(
     a field out of bounds or a path the run may not read (SpecError) and, in team mode, an owner over the
     queued-runs limit (QueueLimitReached). `priority` (PRIORITIES' names) is an argument, not a spec field: it
     says when the run trains, not what it trains, so it stays out of the spec's hash and a clone does not inherit
-    it; above normal only an admin (`by`) may (PermissionDenied)."""
+    it; above normal only a maintainer of the project or an admin (`by`) may (PermissionDenied). The run goes to
+    `project`, of which its owner must be a member in team mode (PermissionDenied)."""
     engine = engine or get_engine()
-    check_priority(priority, by)
+    check_priority(priority, by, project, engine)
     [run] = admission.store(
         [spec],
         owner=owner,
@@ -54,6 +57,7 @@ def submit(
         tags=tags or [],
         parent_id=parent_id,
         priority=PRIORITIES[priority],
+        project=project,
     )
     try:
         enqueue(run.id, spec)
@@ -75,28 +79,49 @@ def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps.
     Only the run's owner or an admin may (app.auth.PermissionDenied otherwise)."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "cancel", owner_label(run.owner, engine))
+    _may(by, run_id, "cancel", engine)
     return request_cancel(engine, run_id)
 
 
-def check_priority(priority: str, by: User | None) -> None:
-    """ValueError for a name not in PRIORITIES; PermissionDenied for a priority above normal unless `by` is an
-    admin (there are no project maintainers yet: an admin is who may put a run before everyone else's)."""
+def _may(by: User, run_id: str, action: str, engine: Engine) -> RunRecord:
+    """The run, when `by` may `action` it (its owner while a member of its project, a maintainer of its project,
+    an admin); PermissionDenied otherwise, or RunNotFound when they may not even see it."""
+    run = readable_run(run_id, by=by, engine=engine)
+    check_can_modify(with_roles(by, engine), run, action, owner_label(run.owner, engine))
+    return run
+
+
+def readable_run(run_id: str, *, by: User | None, engine: Engine | None = None) -> RunRecord:
+    """The run, or RunNotFound when there is none or `by` may not see its project (team mode)."""
+    engine = engine or get_engine()
+    run = get_run(engine, run_id)
+    try:
+        check_read(with_roles(by, engine), run.project, f"run {run_id!r}")
+    except ProjectHidden:
+        raise RunNotFound(run_id) from None
+    return run
+
+
+def check_priority(
+    priority: str, by: User | None, project: str = DEFAULT_PROJECT, engine: Engine | None = None
+) -> None:
+    """ValueError for a name not in PRIORITIES; PermissionDenied for a priority above normal unless `by` is a
+    maintainer of the project or an admin (who may put a run before everyone else's)."""
     if priority not in PRIORITIES:
         raise ValueError(f"priority {priority!r}: one of {', '.join(PRIORITIES)}")
-    if PRIORITIES[priority] > PRIORITIES["normal"] and not (by is not None and by.is_admin):
+    if PRIORITIES[priority] > PRIORITIES["normal"] and not has_role(with_roles(by, engine), project, "maintainer"):
         who = by.describe() if by else "an anonymous user"
-        raise PermissionDenied(f"{who} may not give a run {priority} priority: only an admin may")
+        raise PermissionDenied(
+            f"{who} may not give a run {priority} priority: only a maintainer of project {project} or an admin may"
+        )
 
 
 def set_priority(run_id: str, priority: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     """Move a queued run within its queue (db/queue_order.py): low, normal or high. Only the run's owner or an
     admin may, and only an admin above normal (PermissionDenied); ValueError once the run has left the queue."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "reprioritise", owner_label(run.owner, engine))
-    check_priority(priority, by)
+    run = _may(by, run_id, "reprioritise", engine)
+    check_priority(priority, by, run.project, engine)
     changed = store_priority(engine, run_id, PRIORITIES[priority])
     if changed is None:
         raise ValueError(f"run {run_id} is {get_run(engine, run_id).status}: only a queued run's priority changes")
@@ -106,8 +131,7 @@ def set_priority(run_id: str, priority: str, engine: Engine | None = None, *, by
 def set_tags(run_id: str, tags: Iterable[str], engine: Engine | None = None, *, by: User) -> RunRecord:
     """Replace a run's tags, at any time after launch. Only the run's owner or an admin may (PermissionDenied)."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "tag", owner_label(run.owner, engine))
+    _may(by, run_id, "tag", engine)
     return store_tags(engine, run_id, tags)
 
 
@@ -115,8 +139,7 @@ def set_notes(run_id: str, notes: str, engine: Engine | None = None, *, by: User
     """Replace a run's notes (plain text, at most db.types.NOTES_LEN characters: ValueError beyond; blank clears
     them). Only the run's owner or an admin may (PermissionDenied)."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "annotate", owner_label(run.owner, engine))
+    _may(by, run_id, "annotate", engine)
     return store_notes(engine, run_id, notes)
 
 
@@ -127,15 +150,16 @@ def set_tags_and_notes(
     in one transaction, so a refused or failed save changes neither. Only the run's owner or an admin may
     (PermissionDenied); ValueError for a bad tag or notes; RunNotFound for a run deleted meanwhile."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "tag", owner_label(run.owner, engine))
+    _may(by, run_id, "tag", engine)
     return store_tags_and_notes(engine, run_id, tags, notes)
 
 
 def follow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
-    """`by` follows the run (anyone may follow any run; the dashboard then tells them when it ends); True when
-    the follow is new. RunNotFound for a run deleted meanwhile."""
-    return follow_run(engine or get_engine(), by.id, run_id)
+    """`by` follows the run (anyone who may see it; the dashboard then tells them when it ends); True when the
+    follow is new. RunNotFound for a run deleted meanwhile, or of a project they may not see."""
+    engine = engine or get_engine()
+    readable_run(run_id, by=by, engine=engine)
+    return follow_run(engine, by.id, run_id)
 
 
 def unfollow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
@@ -148,8 +172,7 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
     admin may (app.auth.PermissionDenied otherwise); a run holding a registered model version's files is refused
     (db.errors.RunRegistered)."""
     engine = engine or get_engine()
-    run = get_run(engine, run_id)
-    check_can_modify(by, run, "delete", owner_label(run.owner, engine))
+    _may(by, run_id, "delete", engine)
     uris = delete_run(engine, run_id)
     artifact_store().delete_prefix(f"runs/{run_id}")  # the run's files in the store (local folder or bucket)
     root = artifact_root()
@@ -160,11 +183,14 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
 
 
 def rerun(run_id: str, *, owner: str, engine: Engine | None = None) -> RunRecord:
-    """The same spec again, as a new queued run whose parent is the original, owned by whoever re-runs it
-    (a re-run is a clone: anyone may make one). Through the same gate as any new run (submit)."""
+    """The same spec again, as a new queued run of the same project whose parent is the original, owned by whoever
+    re-runs it (a re-run is a clone: any member of the project may make one). Through the same gate as any new
+    run (submit)."""
     engine = engine or get_engine()
     r = get_run(engine, run_id)
-    return submit(spec_of(r), name=r.name, owner=owner, tags=list(r.tags), parent_id=r.id, engine=engine)
+    return submit(
+        spec_of(r), name=r.name, owner=owner, tags=list(r.tags), parent_id=r.id, engine=engine, project=r.project
+    )
 
 
 def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> str | None:

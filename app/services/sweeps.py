@@ -14,6 +14,7 @@ from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
 from app.services import admission
 from app.services.broker import enqueue, get_engine
 from app.services.owners import owner_label
+from app.services.projects import DEFAULT_PROJECT, ProjectHidden, check_contribute, check_read, with_roles
 from app.services.runs import check_priority
 from core.config import RunSpec
 from core.names import PRIORITIES
@@ -36,14 +37,17 @@ def submit_sweep(
     engine: Engine | None = None,
     priority: str = "normal",
     by: User | None = None,
+    project: str = DEFAULT_PROJECT,
 ) -> SweepRecord:
     """Store the sweep and queue its first trials. The sweep is validated again (its space never names a file,
     its grid is sized first); its base passes the gate of every new run (app.services.admission: bounds, the paths it
     reads, room under the owner's queued-runs limit for its first configuration's runs). Its trials are
     created by sweep.control under the same limit, stored with the sweep, each reading what the base reads, queued
-    at `priority` (above normal: an admin's, `by`; PermissionDenied)."""
+    at `priority` (above normal: a maintainer's of the project or an admin's, `by`; PermissionDenied), in `project`
+    (team mode: the owner must be a member of it; PermissionDenied)."""
     engine = engine or get_engine()
-    check_priority(priority, by)
+    check_priority(priority, by, project, engine)
+    check_contribute(owner, project, engine)
     spec = SweepSpec.from_dict(spec.model_dump(mode="json", by_alias=True))  # a model_copy is never validated
     limit, in_flight = admission.max_queued_per_owner(), spec.budget.parallel * spec.seeds
     if limit is not None and in_flight > limit:
@@ -51,39 +55,60 @@ def submit_sweep(
             f"budget.parallel × seeds = {in_flight} runs in flight at once, more than the {limit} queued runs "
             "this dashboard allows per person (TORCHDECK_MAX_QUEUED_PER_OWNER): lower budget.parallel"
         )
-    [base] = admission.admit([spec.base], owner=owner, engine=engine, room_for=spec.seeds)
+    [base] = admission.admit([spec.base], owner=owner, engine=engine, room_for=spec.seeds, project=project)
     spec = spec.model_copy(update={"base": base})
     return control.create(
-        engine, spec, owner=owner, send=send, name=name, tags=tags, max_queued=limit, priority=PRIORITIES[priority]
+        engine,
+        spec,
+        owner=owner,
+        send=send,
+        name=name,
+        tags=tags,
+        max_queued=limit,
+        priority=PRIORITIES[priority],
+        project=project,
     )
 
 
 def set_sweep_priority(sweep_id: str, priority: str, *, by: User, engine: Engine | None = None) -> int:
     """The priority of a sweep's queued trials and of those it will queue; how many queued runs moved. As for a run:
-    its owner lowers it or brings it back to normal, only an admin raises it (PermissionDenied)."""
+    its owner lowers it or brings it back to normal, only a maintainer of its project or an admin raises it
+    (PermissionDenied)."""
     engine = engine or get_engine()
-    sweep = repo.get_sweep(engine, sweep_id)
-    if not can_modify(by, sweep):
-        who = by.describe() if by else "an anonymous user"
-        raise PermissionDenied(
-            f"{who} may not reprioritise sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
-            f"and only its owner or an admin ({ADMINS_ENV}) may"
-        )
-    check_priority(priority, by)
+    sweep = _may(by, sweep_id, "reprioritise", engine)
+    check_priority(priority, by, sweep.project, engine)
     return repo.set_sweep_priority(engine, sweep_id, PRIORITIES[priority])
 
 
 def cancel_sweep(sweep_id: str, *, by: User, engine: Engine | None = None) -> SweepRecord:
-    """Only the sweep's owner or an admin may (app.auth.PermissionDenied otherwise)."""
+    """Only the sweep's owner (a member of its project), a maintainer of its project or an admin may
+    (app.auth.PermissionDenied otherwise)."""
+    engine = engine or get_engine()
+    _may(by, sweep_id, "cancel", engine)
+    return control.cancel(engine, sweep_id)
+
+
+def readable_sweep(sweep_id: str, *, by: User | None, engine: Engine | None = None) -> SweepRecord:
+    """The sweep, or SweepNotFound when there is none or `by` may not see its project (team mode)."""
     engine = engine or get_engine()
     sweep = repo.get_sweep(engine, sweep_id)
-    if not can_modify(by, sweep):
+    try:
+        check_read(with_roles(by, engine), sweep.project, f"sweep {sweep_id!r}")
+    except ProjectHidden:
+        raise repo.SweepNotFound(sweep_id) from None
+    return sweep
+
+
+def _may(by: User, sweep_id: str, action: str, engine: Engine) -> SweepRecord:
+    sweep = readable_sweep(sweep_id, by=by, engine=engine)
+    if not can_modify(with_roles(by, engine), sweep):
         who = by.describe() if by else "an anonymous user"
         raise PermissionDenied(
-            f"{who} may not cancel sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, "
-            f"and only its owner or an admin ({ADMINS_ENV}) may cancel it"
+            f"{who} may not {action} sweep {sweep.id}: it belongs to {owner_label(sweep.owner, engine)}, and only "
+            f"its owner (a member of project {sweep.project}), a maintainer of the project or an admin "
+            f"({ADMINS_ENV}) may"
         )
-    return control.cancel(engine, sweep_id)
+    return sweep
 
 
 @dataclass(frozen=True)
@@ -137,9 +162,11 @@ def launch_best(sweep_id: str, *, owner: str, seeds: int = 1, engine: Engine | N
     """The best configuration again as a new run (seeds=1) or seed group, owned by whoever asks (anyone may: it
     is a clone), its parent the trial's first run; through the gate of every new run (app.services.admission)."""
     engine = engine or get_engine()
-    specs, parent_id = control.best_specs(engine, repo.get_sweep(engine, sweep_id), seeds)
+    sweep = repo.get_sweep(engine, sweep_id)
+    specs, parent_id = control.best_specs(engine, sweep, seeds)
+    group_id = repo.new_group_id() if seeds > 1 else None
     runs = admission.store(
-        specs, owner=owner, engine=engine, parent_id=parent_id, group_id=repo.new_group_id() if seeds > 1 else None
+        specs, owner=owner, engine=engine, parent_id=parent_id, group_id=group_id, project=sweep.project
     )
     control.send_all(send, runs)
     return runs
@@ -151,7 +178,7 @@ def repeat_with_seeds(run_id: str, k: int, *, owner: str, engine: Engine | None 
     engine = engine or get_engine()
     run = repo.get_run(engine, run_id)
     specs, group_id = control.repeat_specs(engine, run, k)
-    runs = admission.store(specs, owner=owner, engine=engine, parent_id=run.id, group_id=group_id)
+    runs = admission.store(specs, owner=owner, engine=engine, parent_id=run.id, group_id=group_id, project=run.project)
     if run.group_id is None:  # only once its repeats are stored: a refused repeat leaves the run as it was
         repo.set_group(engine, run.id, group_id)
     control.send_all(send, runs)

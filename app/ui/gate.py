@@ -63,7 +63,21 @@ def gate() -> User:
         not_a_member_screen(user)
         st.stop()
     _record_account(user)
-    return user
+    return _with_roles(user)
+
+
+def _with_roles(user: User) -> User:
+    """The member with their projects' roles, looked up at every script run (a change of membership applies at
+    the next interaction); an unreachable database stops the page with the error, as the frame does."""
+    from app.services.broker import get_engine
+    from app.services.projects import with_roles
+
+    try:
+        return with_roles(user, get_engine())  # type: ignore[return-value]
+    except Exception as e:  # noqa: BLE001 - shown, not raised: the page cannot tell who may see what
+        st.error(f"Cannot read your projects from the database: {e}", icon=":material/error:")
+        st.stop()
+        raise
 
 
 def _record_account(user: User) -> None:
