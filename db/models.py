@@ -19,7 +19,6 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
-    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -31,7 +30,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from db.types import (
-    ALIAS_LEN,
     DATASET_STATUSES,
     DEFAULT_PROJECT,
     EMAIL_LEN,
@@ -41,7 +39,6 @@ from db.types import (
     NAME_LEN,
     OWNER_LEN,
     PROJECT_LEN,
-    PROJECT_ROLES,
     RUN_STATUSES,
     SWEEP_STATUSES,
     TAG_LEN,
@@ -97,37 +94,6 @@ def _project_column() -> Mapped[str]:
         server_default=DEFAULT_PROJECT,
         index=True,
     )
-
-
-class Project(Base):
-    """A line of work: its runs, sweeps, datasets and models, and who may see and act on them (project_member).
-    `open_role` is the role every member of the dashboard has in it without being listed (NULL: only who is
-    listed, and admins); the default project is open to every member as `member`, as the dashboard was before."""
-
-    __tablename__ = "project"
-    __table_args__ = (CheckConstraint(f"open_role IS NULL OR open_role IN ({_in(PROJECT_ROLES)})", name="open_role"),)
-
-    name: Mapped[str] = mapped_column(String(PROJECT_LEN), primary_key=True)
-    description: Mapped[str] = mapped_column(Text, default="", server_default="")
-    open_role: Mapped[str | None] = mapped_column(String(16))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    created_by: Mapped[str] = mapped_column(String(OWNER_LEN))
-
-
-class ProjectMember(Base):
-    """A person's role in a project: viewer (sees), member (runs, acts on their own), maintainer (acts on
-    anyone's, manages membership). Deleting the project deletes its members."""
-
-    __tablename__ = "project_member"
-    __table_args__ = (CheckConstraint(f"role IN ({_in(PROJECT_ROLES)})", name="role"),)
-
-    project: Mapped[str] = mapped_column(
-        String(PROJECT_LEN), ForeignKey("project.name", ondelete="CASCADE"), primary_key=True
-    )
-    person: Mapped[str] = mapped_column(String(OWNER_LEN), primary_key=True, index=True)
-    role: Mapped[str] = mapped_column(String(16))
-    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    added_by: Mapped[str] = mapped_column(String(OWNER_LEN))
 
 
 class Run(Base):
@@ -377,72 +343,8 @@ class Follow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-class RegisteredModel(Base):
-    """A named model of the registry: numbered versions (model_version) and movable aliases (model_alias). Its
-    owner (who created it) or an admin registers versions and moves aliases (app/services/registry.py)."""
-
-    __tablename__ = "registered_model"
-
-    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(OWNER_LEN), index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    project: Mapped[str] = _project_column()
-
-
-class ModelVersion(Base):
-    """A version of a registered model: a finished run's verified export set, copied here at registration with
-    what it came from. No foreign key to the run: the lineage is a record of the moment of registration, and a
-    version still says where it came from if its run's rows go some other way than a delete of the run (which is
-    refused while a version holds its files: db.runs.delete_run)."""
-
-    __tablename__ = "model_version"
-
-    model_name: Mapped[str] = mapped_column(
-        String(NAME_LEN), ForeignKey("registered_model.name", ondelete="CASCADE"), primary_key=True
-    )
-    version: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(ID_LEN), index=True)
-    # [{kind, artifact_id, filename, sha256, size}]: the verified exports (and their report and bundle).
-    artifacts: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
-    # spec, dataset, dataset_fingerprint, torchdeck_version, git_commit, scores: see db/registry.py.
-    lineage: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_by: Mapped[str] = mapped_column(String(OWNER_LEN))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class ModelAlias(Base):
-    """Where an alias of a model points now (`production` → 3); its moves are in model_alias_move."""
-
-    __tablename__ = "model_alias"
-    __table_args__ = (
-        ForeignKeyConstraint(
-            ["model_name", "version"], ["model_version.model_name", "model_version.version"], ondelete="CASCADE"
-        ),
-    )
-
-    model_name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
-    alias: Mapped[str] = mapped_column(String(ALIAS_LEN), primary_key=True)
-    version: Mapped[int] = mapped_column(Integer)
-    updated_by: Mapped[str] = mapped_column(String(OWNER_LEN))
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
-class ModelAliasMove(Base):
-    """The audit of alias moves, one row per move, never updated: who, when, which alias, from which version (NULL
-    when the alias was new) to which."""
-
-    __tablename__ = "model_alias_move"
-    __table_args__ = (Index("ix_model_alias_move_model_name_id", "model_name", "id"),)
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
-    model_name: Mapped[str] = mapped_column(String(NAME_LEN), ForeignKey("registered_model.name", ondelete="CASCADE"))
-    alias: Mapped[str] = mapped_column(String(ALIAS_LEN))
-    from_version: Mapped[int | None] = mapped_column(Integer)
-    to_version: Mapped[int] = mapped_column(Integer)
-    moved_by: Mapped[str] = mapped_column(String(OWNER_LEN))
-    moved_at: Mapped[datetime] = mapped_column(UTCDateTime)
-
-
 # Tables declared beside their queries, imported here so that Base.metadata (the migrations, the drift test) has them.
 import db.alerts  # noqa: E402, F401 - after Base: that module's tables derive from it
 import db.evaluations  # noqa: E402, F401 - after Base: that module's table derives from it
+import db.projects  # noqa: E402, F401 - after Base: that module's tables derive from it
+import db.registry_tables  # noqa: E402, F401 - after Base: that module's tables derive from it

@@ -1,4 +1,4 @@
-"""Projects and who belongs to them: the rows behind app/projects.py's rules (which say what a role may do).
+"""Projects and who belongs to them: the rows behind app/auth.py's rules (which say what a role may do).
 
 A project's name is part of every page's URL, so it is a slug: lower-case letters, digits and dashes."""
 
@@ -9,15 +9,47 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import CheckConstraint, Engine, ForeignKey, String, Text, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, mapped_column
 
 from db.engine import connection_scope, session_scope
-from db.models import Dataset, Project, ProjectMember, RegisteredModel, Run, Sweep
+from db.models import Base, Dataset, Run, Sweep, UTCDateTime, _in
 from db.types import OWNER_LEN, PROJECT_LEN, PROJECT_ROLES, utcnow
 
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
 DESCRIPTION_LEN = 2_000
+
+
+class Project(Base):
+    """A line of work: its runs, sweeps, datasets and models, and who may see and act on them (project_member).
+    `open_role` is the role every member of the dashboard has in it without being listed (NULL: only who is
+    listed, and admins); the default project is open to every member as `member`, as the dashboard was before."""
+
+    __tablename__ = "project"
+    __table_args__ = (CheckConstraint(f"open_role IS NULL OR open_role IN ({_in(PROJECT_ROLES)})", name="open_role"),)
+
+    name: Mapped[str] = mapped_column(String(PROJECT_LEN), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    open_role: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(OWNER_LEN))
+
+
+class ProjectMember(Base):
+    """A person's role in a project: viewer (sees), member (runs, acts on their own), maintainer (acts on
+    anyone's, manages membership). Deleting the project deletes its members."""
+
+    __tablename__ = "project_member"
+    __table_args__ = (CheckConstraint(f"role IN ({_in(PROJECT_ROLES)})", name="role"),)
+
+    project: Mapped[str] = mapped_column(
+        String(PROJECT_LEN), ForeignKey("project.name", ondelete="CASCADE"), primary_key=True
+    )
+    person: Mapped[str] = mapped_column(String(OWNER_LEN), primary_key=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    added_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    added_by: Mapped[str] = mapped_column(String(OWNER_LEN))
 
 
 class ProjectNotFound(LookupError):
@@ -157,9 +189,12 @@ def remove_member(engine: Engine, project: str, person: str) -> bool:
 
 
 def members(engine: Engine, project: str) -> list[MemberRecord]:
+    """The project's listed people, maintainers first, then members, then viewers, each by key."""
     query = select(ProjectMember.__table__).where(ProjectMember.project == project)
     with connection_scope(engine) as conn:
-        rows = conn.execute(query.order_by(ProjectMember.role.desc(), ProjectMember.person)).all()
+        rows = conn.execute(query).all()
+    rank = {r: i for i, r in enumerate(PROJECT_ROLES)}
+    rows.sort(key=lambda r: (-rank[r.role], r.person))
     return [MemberRecord(r.project, r.person, r.role, r.added_at, r.added_by) for r in rows]
 
 
@@ -182,6 +217,8 @@ def listed_roles(engine: Engine, people: Iterable[str]) -> dict[str, str]:
 
 def project_of(engine: Engine, kind: str, key: str) -> str | None:
     """The project of a run, sweep, dataset (by id) or registered model (by name); None when there is none."""
+    from db.registry_tables import RegisteredModel  # (imported by db.models after this module)
+
     table = {"run": (Run, Run.id), "sweep": (Sweep, Sweep.id), "dataset": (Dataset, Dataset.id)}
     table["model"] = (RegisteredModel, RegisteredModel.name)
     model, column = table[kind]

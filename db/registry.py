@@ -18,7 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from db.engine import connection_scope
 from db.errors import RunNotFound
-from db.models import ModelAlias, ModelAliasMove, ModelVersion, RegisteredModel, Run
+from db.models import Run
+from db.registry_tables import ModelAlias, ModelAliasMove, ModelVersion, RegisteredModel
 from db.types import ALIAS_LEN, DEFAULT_PROJECT, NAME_LEN, OWNER_LEN, json_safe, utcnow
 
 MAX_MOVES_SHOWN = 1000

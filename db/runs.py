@@ -22,8 +22,9 @@ from core.redact import redact
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound, RunRegistered, RunStillActive
 from db.metrics import lock_run_for_append
-from db.models import Artifact, Event, Metric, MetricRollup, ModelVersion, Run, RunTag
+from db.models import Artifact, Event, Metric, MetricRollup, Run, RunTag
 from db.quota import check_queued
+from db.registry_tables import ModelVersion
 from db.run_labels import check_tags
 from db.run_records import get_run, load_runs, require_run
 from db.types import (

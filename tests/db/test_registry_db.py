@@ -121,7 +121,8 @@ def test_a_run_deleted_while_it_is_being_registered_leaves_no_version_of_nothing
 
     from db.engine import writer
     from db.errors import RunNotFound
-    from db.models import ModelVersion, Run
+    from db.models import Run
+    from db.registry_tables import ModelVersion
 
     run = repo.create_run(engine, {"lr": 0.1}, owner="ana")
     files = [{"kind": "onnx", "artifact_id": "a1", "filename": "model.onnx", "sha256": "0" * 64, "size": 3}]
