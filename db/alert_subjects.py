@@ -35,11 +35,15 @@ def runs_in(
     *,
     run_id: str | None = None,
     finished_after: datetime | None = None,
+    project: str | None = None,
 ) -> list[WatchedRun]:
-    """Runs in one of `statuses` (only `run_id` when given; only those finished after `finished_after`)."""
+    """Runs in one of `statuses` (only `run_id` when given, only `project`'s when given; only those finished after
+    `finished_after`)."""
     query = select(*_RUN).where(Run.status.in_(list(statuses))).order_by(Run.created_at, Run.id)
     if run_id is not None:
         query = query.where(Run.id == run_id)
+    if project is not None:
+        query = query.where(Run.project == project)
     if finished_after is not None:
         query = query.where(Run.finished_at > finished_after)
     with connection_scope(engine) as conn:
@@ -104,8 +108,12 @@ def worker_ids(engine: Engine) -> list[str]:
         return [row[0] for row in conn.execute(select(Worker.id))]
 
 
-def sweeps_finished_after(engine: Engine, after: datetime) -> list[tuple[str, str, str, datetime]]:
-    """Sweeps that finished after `after`: (id, name, status, finished_at)."""
+def sweeps_finished_after(
+    engine: Engine, after: datetime, project: str | None = None
+) -> list[tuple[str, str, str, datetime]]:
+    """Sweeps (of `project`, when given) that finished after `after`: (id, name, status, finished_at)."""
     query = select(Sweep.id, Sweep.name, Sweep.status, Sweep.finished_at).where(Sweep.finished_at > after)
+    if project is not None:
+        query = query.where(Sweep.project == project)
     with connection_scope(engine) as conn:
         return [tuple(row) for row in conn.execute(query.order_by(Sweep.finished_at))]

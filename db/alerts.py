@@ -33,23 +33,25 @@ from sqlalchemy.orm import Mapped, mapped_column
 from db.engine import connection_scope
 from db.errors import RunNotFound
 from db.models import Base, Run, UTCDateTime
-from db.types import ID_LEN, KEY_LEN, OWNER_LEN, utcnow
+from db.types import ID_LEN, KEY_LEN, OWNER_LEN, PROJECT_LEN, utcnow
 
 ALERT_KINDS = ("metric", "stalled", "diverged", "data_wait", "worker_silent", "queued", "sweep_finished")
-SCOPES = ("global", "run")  # a project scope comes with projects
+SCOPES = ("global", "project", "run")
 OPS = ("above", "below")
 SUBJECT_LEN = 220  # "worker:" + a worker id (200)
 MAX_LISTED = 500  # firings listed per request
 
 
 class AlertRule(Base):
-    """A rule: what to watch (kind, and its key, op, threshold, epochs or minutes) and where (scope: every run, or
-    the run run_id). Deleting the run deletes its rules; deleting a rule deletes its firings."""
+    """A rule: what to watch (kind, and its key, op, threshold, epochs or minutes) and where (scope: every run, the
+    runs of the project `project`, or the run run_id). Deleting the run (or the project) deletes its rules; deleting
+    a rule deletes its firings."""
 
     __tablename__ = "alert_rule"
     __table_args__ = (
-        CheckConstraint("scope IN ('global', 'run')", name="scope"),
+        CheckConstraint("scope IN ('global', 'project', 'run')", name="scope"),
         CheckConstraint("(scope = 'run') = (run_id IS NOT NULL)", name="run_scope"),
+        CheckConstraint("(scope = 'project') = (project IS NOT NULL)", name="project_scope"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
@@ -64,6 +66,9 @@ class AlertRule(Base):
     cooldown_min: Mapped[float] = mapped_column(Double)  # after the condition cleared, before it may fire again
     created_by: Mapped[str] = mapped_column(String(OWNER_LEN))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    project: Mapped[str | None] = mapped_column(  # migration 0014
+        String(PROJECT_LEN), ForeignKey("project.name", ondelete="CASCADE"), index=True
+    )
 
 
 class AlertFiring(Base):
@@ -99,6 +104,7 @@ class RuleRecord:
     cooldown_min: float
     created_by: str
     created_at: datetime
+    project: str | None = None  # a project's rule: it watches that project's runs and sweeps
 
 
 @dataclass(frozen=True)
@@ -129,13 +135,17 @@ def add_rule(
     minutes: float | None = None,
     cooldown_min: float = 60.0,
     now: datetime | None = None,
+    project: str | None = None,
 ) -> RuleRecord:
-    """Store a rule (global without run_id); its fields are checked by the caller (app/services/alerts.py)."""
+    """Store a rule (a run's with run_id, a project's with project, else global); its fields are checked by the
+    caller (app/services/alerts.py)."""
     if kind not in ALERT_KINDS:
         raise ValueError(f"alert kind {kind!r}: one of {', '.join(ALERT_KINDS)}")
+    if run_id and project:
+        raise ValueError("a rule watches one run or one project, not both")
     values = dict(
         id=secrets.token_hex(8),
-        scope="run" if run_id else "global",
+        scope="run" if run_id else "project" if project else "global",
         run_id=run_id,
         kind=kind,
         key=key,
@@ -146,6 +156,7 @@ def add_rule(
         cooldown_min=cooldown_min,
         created_by=created_by,
         created_at=now or utcnow(),
+        project=project,
     )
     with connection_scope(engine, write=True) as conn:
         if run_id and conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
@@ -154,11 +165,17 @@ def add_rule(
     return RuleRecord(**values)
 
 
-def list_rules(engine: Engine, *, run_id: str | None = None) -> list[RuleRecord]:
-    """Every rule, oldest first; with run_id, the global ones and that run's."""
+def list_rules(engine: Engine, *, run_id: str | None = None, project: str | None = None) -> list[RuleRecord]:
+    """Every rule, oldest first; with run_id, the global ones, those of its project and that run's; with project
+    (and no run_id), the global ones and the project's."""
     query = select(*_RULE_COLUMNS).order_by(AlertRule.created_at, AlertRule.id)
     if run_id:
-        query = query.where((AlertRule.scope == "global") | (AlertRule.run_id == run_id))
+        of_project = select(Run.project).where(Run.id == run_id).scalar_subquery()
+        query = query.where(
+            (AlertRule.scope == "global") | (AlertRule.run_id == run_id) | (AlertRule.project == of_project)
+        )
+    elif project:
+        query = query.where((AlertRule.scope == "global") | (AlertRule.project == project))
     with connection_scope(engine) as conn:
         return [RuleRecord(*row) for row in conn.execute(query)]
 
@@ -226,9 +243,15 @@ def open_subjects(engine: Engine, rule_id: str) -> set[str]:
 
 
 def list_firings(
-    engine: Engine, *, run_ids: list[str] | None = None, since: datetime | None = None, limit: int = MAX_LISTED
+    engine: Engine,
+    *,
+    run_ids: list[str] | None = None,
+    since: datetime | None = None,
+    limit: int = MAX_LISTED,
+    created_by: str | None = None,
 ) -> list[FiringRecord]:
-    """Firings, newest first: of these runs (None: of everything), fired after `since`."""
+    """Firings, newest first: of these runs (None: of everything), of the rules `created_by` made, fired after
+    `since`."""
     f = AlertFiring
     query = (
         select(f.id, f.rule_id, AlertRule.kind, f.subject, f.run_id, f.reason, f.fired_at, f.cleared_at)
@@ -238,6 +261,8 @@ def list_firings(
     )
     if run_ids is not None:
         query = query.where(f.run_id.in_(run_ids))
+    if created_by is not None:
+        query = query.where(AlertRule.created_by == created_by)
     if since is not None:
         query = query.where(f.fired_at > since)
     with connection_scope(engine) as conn:

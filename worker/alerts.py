@@ -53,7 +53,7 @@ def _shown(value: float | None) -> str:
 
 
 def _running(engine: Engine, rule: RuleRecord) -> list[subjects.WatchedRun]:
-    return subjects.runs_in(engine, ("running",), run_id=rule.run_id)
+    return subjects.runs_in(engine, ("running",), run_id=rule.run_id, project=rule.project)
 
 
 def check_metric(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[Condition], set[str]]:
@@ -104,7 +104,9 @@ def check_stalled(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list
 
 def check_diverged(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[Condition], set[str]]:
     """Runs that ended `diverged` after the rule was made (an end never clears)."""
-    runs = subjects.runs_in(engine, ("diverged",), run_id=rule.run_id, finished_after=rule.created_at)
+    runs = subjects.runs_in(
+        engine, ("diverged",), run_id=rule.run_id, finished_after=rule.created_at, project=rule.project
+    )
     return [Condition(f"run:{r.id}", f'run "{r.name}" diverged', r.id) for r in runs], set()
 
 
@@ -128,8 +130,8 @@ def check_data_wait(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[li
 
 
 def check_worker_silent(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[Condition], set[str]]:
-    """Workers whose heartbeat is older than rule.minutes (the Workers page's last seen)."""
-    if rule.run_id is not None:
+    """Workers whose heartbeat is older than rule.minutes (the Workers page's last seen): a global rule only."""
+    if rule.run_id is not None or rule.project is not None:
         return [], set()
     silent = subjects.silent_workers(engine, now - timedelta(minutes=rule.minutes or 0))
     holding = [
@@ -142,7 +144,7 @@ def check_worker_silent(engine: Engine, rule: RuleRecord, now: datetime) -> tupl
 
 def check_queued(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[Condition], set[str]]:
     """Runs queued for longer than rule.minutes."""
-    runs = subjects.runs_in(engine, ("queued",), run_id=rule.run_id)
+    runs = subjects.runs_in(engine, ("queued",), run_id=rule.run_id, project=rule.project)
     before = now - timedelta(minutes=rule.minutes or 0)
     holding = [
         Condition(f"run:{r.id}", f'run "{r.name}" queued for {(now - r.created_at).total_seconds() / 60:.0f} min', r.id)
@@ -153,10 +155,10 @@ def check_queued(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[
 
 
 def check_sweep_finished(engine: Engine, rule: RuleRecord, now: datetime) -> tuple[list[Condition], set[str]]:
-    """Sweeps that finished after the rule was made."""
+    """Sweeps (of the rule's project, for a project's rule) that finished after the rule was made."""
     if rule.run_id is not None:
         return [], set()
-    done = subjects.sweeps_finished_after(engine, rule.created_at)
+    done = subjects.sweeps_finished_after(engine, rule.created_at, rule.project)
     return [Condition(f"sweep:{sid}", f'sweep "{name}" {status}') for sid, name, status, _ in done], set()
 
 

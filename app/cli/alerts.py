@@ -31,12 +31,15 @@ def _engine():
 
 
 @alerts_app.command("list")
-def list_cmd(run: Annotated[str | None, typer.Option(help="Only the global rules and this run's.")] = None) -> None:
+def list_cmd(
+    run: Annotated[str | None, typer.Option(help="Only the global rules, its project's and this run's.")] = None,
+    project: Annotated[str | None, typer.Option(help="Only the global rules and this project's.")] = None,
+) -> None:
     """Every alert rule: its id, kind, what it watches and who made it."""
     from app.services import alerts
 
     table = Table("id", "kind", "rule", "by", "created")
-    for r in alerts.list_rules(run, _engine()):
+    for r in alerts.list_rules(run, _engine(), project=project):
         table.add_row(r.id, r.kind, alerts.describe(r), r.created_by, f"{r.created_at:%Y-%m-%d %H:%M}")
     Console().print(table)
 
@@ -45,6 +48,7 @@ def list_cmd(run: Annotated[str | None, typer.Option(help="Only the global rules
 def add(
     kind: Annotated[str, typer.Argument(help=KINDS_HELP)],
     run: Annotated[str | None, typer.Option(help="Watch this run only (default: global).")] = None,
+    project: Annotated[str | None, typer.Option(help="Watch this project's runs and sweeps (default: global).")] = None,
     key: Annotated[str | None, typer.Option(help="metric: the metric key, e.g. val/loss.")] = None,
     above: Annotated[float | None, typer.Option(help="metric: fire when the latest value is above this.")] = None,
     below: Annotated[float | None, typer.Option(help="metric: fire when the latest value is below this.")] = None,
@@ -57,15 +61,16 @@ def add(
     from app.auth import PermissionDenied
     from app.services import alerts
     from db.errors import RunNotFound
+    from db.projects import ProjectNotFound
 
     if above is not None and below is not None:
         raise typer.BadParameter("give --above or --below, not both")
     op = "above" if above is not None else "below" if below is not None else None
     threshold = above if above is not None else below if below is not None else fraction
-    rule = alerts.RuleInput(kind, run, key, op, threshold, epochs, minutes, cooldown)
+    rule = alerts.RuleInput(kind, run, key, op, threshold, epochs, minutes, cooldown, project)
     try:
         made = alerts.add_rule(_operator(), rule, _engine())
-    except (ValueError, PermissionDenied, RunNotFound) as e:
+    except (ValueError, PermissionDenied, RunNotFound, ProjectNotFound) as e:
         typer.secho(str(e) if not isinstance(e, RunNotFound) else f"no run {run}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"{made.id}  {alerts.describe(made)}")

@@ -14,12 +14,12 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
-from app.auth import PermissionDenied, User, check_can_modify
+from app.auth import PermissionDenied, User, check_can_modify, has_role, team_mode
 from app.services.broker import get_engine
 from db import alerts as store
 from db.alerts import ALERT_KINDS, OPS, FiringRecord, RuleRecord
 from db.follows import followed
-from db.repo import get_run
+from db.projects import project_of
 
 # What each kind needs, in words for the form, the CLI's help and the errors.
 NEEDS = {
@@ -29,15 +29,17 @@ NEEDS = {
     "data_wait": "a fraction (0-1) of step time waiting for data, and minutes it lasts",
     "worker_silent": "minutes without a heartbeat from a worker (global only)",
     "queued": "minutes a run waits in the queue",
-    "sweep_finished": "nothing: fires when a sweep ends (global only)",
+    "sweep_finished": "nothing: fires when a sweep ends (global or a project's)",
 }
-GLOBAL_ONLY = ("worker_silent", "sweep_finished")
+GLOBAL_ONLY = ("worker_silent",)  # workers serve every project
+NO_SINGLE_RUN = ("worker_silent", "sweep_finished")
 MAX_MINUTES = 60 * 24 * 30  # a month: a longer wait is a typo
 
 
 @dataclass(frozen=True)
 class RuleInput:
-    """A rule as a form or the CLI gives it; run_id None for a global rule."""
+    """A rule as a form or the CLI gives it: of one run (run_id), of a project's runs and sweeps (project), or global
+    (neither)."""
 
     kind: str
     run_id: str | None = None
@@ -47,6 +49,7 @@ class RuleInput:
     epochs: int | None = None
     minutes: float | None = None
     cooldown_min: float = 60.0
+    project: str | None = None
 
 
 def _positive(value: float | None, what: str, upper: float = MAX_MINUTES) -> None:
@@ -58,8 +61,13 @@ def check_rule(r: RuleInput) -> None:
     """ValueError naming what is missing or wrong for the rule's kind."""
     if r.kind not in ALERT_KINDS:
         raise ValueError(f"alert kind {r.kind!r}: one of {', '.join(ALERT_KINDS)}")
-    if r.kind in GLOBAL_ONLY and r.run_id:
-        raise ValueError(f"a {r.kind} rule is global: it watches no single run")
+    if r.run_id and r.project:
+        raise ValueError("a rule watches one run or one project, not both")
+    if r.kind in NO_SINGLE_RUN and r.run_id:
+        where = "global" if r.kind in GLOBAL_ONLY else "global or a project's"
+        raise ValueError(f"a {r.kind} rule is {where}: it watches no single run")
+    if r.kind in GLOBAL_ONLY and r.project:
+        raise ValueError(f"a {r.kind} rule is global: workers serve every project")
     _positive(r.minutes, "minutes")
     _positive(r.epochs, "epochs", 10_000)
     if not (math.isfinite(r.cooldown_min) and 0 <= r.cooldown_min <= MAX_MINUTES):
@@ -75,20 +83,39 @@ def check_rule(r: RuleInput) -> None:
         raise ValueError(f"a {r.kind} rule needs {NEEDS[r.kind]}")
 
 
-def _check_may_manage(user: User | None, run_id: str | None, engine: Engine, action: str) -> None:
+def _check_may_manage(
+    user: User | None, run_id: str | None, engine: Engine, action: str, project: str | None = None
+) -> None:
+    """A global rule: an admin's. A project's: its maintainers' or an admin's (ProjectHidden, a "not found", for
+    someone who may not see the project). A run's: as cancelling it (its owner, a maintainer, an admin)."""
+    from app.services.projects import check_read, with_roles
+    from app.services.runs import readable_run
+    from db.projects import get_project
+
+    who = user.describe() if user else "an anonymous user"
+    if project is not None:
+        get_project(engine, project)
+        user = with_roles(user, engine)
+        check_read(user, project, f"project {project!r}")
+        if not has_role(user, project, "maintainer"):
+            raise PermissionDenied(
+                f"{who} may not {action} alert rules of project {project}: only its maintainers or an admin may"
+            )
+        return
     if run_id is None:
         if user is None or not user.is_admin:
-            who = user.describe() if user else "an anonymous user"
             raise PermissionDenied(f"{who} may not {action} global alert rules: only an admin may")
         return
-    check_can_modify(user, get_run(engine, run_id), f"{action} alert rules of")
+
+    run = readable_run(run_id, by=user, engine=engine)
+    check_can_modify(with_roles(user, engine), run, f"{action} alert rules of")
 
 
 def add_rule(user: User | None, rule: RuleInput, engine: Engine | None = None) -> RuleRecord:
     """Store a checked rule for `user`; PermissionDenied, ValueError or RunNotFound otherwise."""
     engine = engine or get_engine()
     check_rule(rule)
-    _check_may_manage(user, rule.run_id, engine, "add")
+    _check_may_manage(user, rule.run_id, engine, "add", rule.project)
     assert user is not None  # _check_may_manage refused anonymous users
     fields = {k: v for k, v in rule.__dict__.items() if k != "kind"}
     return store.add_rule(engine, rule.kind, created_by=user.id, **fields)
@@ -100,12 +127,13 @@ def remove_rule(user: User | None, rule_id: str, engine: Engine | None = None) -
     rule = store.get_rule(engine, rule_id)
     if rule is None:
         return False
-    _check_may_manage(user, rule.run_id, engine, "remove")
+    _check_may_manage(user, rule.run_id, engine, "remove", rule.project)
     return store.remove_rule(engine, rule_id)
 
 
-def list_rules(run_id: str | None = None, engine: Engine | None = None) -> list[RuleRecord]:
-    return store.list_rules(engine or get_engine(), run_id=run_id)
+def list_rules(run_id: str | None = None, engine: Engine | None = None, project: str | None = None) -> list[RuleRecord]:
+    """Every rule; of a run: the global ones, its project's and its own; of a project: the global ones and its."""
+    return store.list_rules(engine or get_engine(), run_id=run_id, project=project)
 
 
 def run_firings(run_id: str, engine: Engine | None = None) -> list[FiringRecord]:
@@ -114,14 +142,25 @@ def run_firings(run_id: str, engine: Engine | None = None) -> list[FiringRecord]
 
 
 def notices(user: User | None, since: datetime, engine: Engine | None = None) -> list[FiringRecord]:
-    """Firings since `since` for the sidebar: every one for an admin, those of the runs `user` follows otherwise."""
+    """Firings since `since` for the sidebar: every one for an admin; otherwise those of the runs `user` follows and
+    those of the rules they made (a project's maintainer hears of their project's rules), of the projects they may
+    still see (team mode)."""
     engine = engine or get_engine()
     if user is None:
         return []
     if user.is_admin:
         return store.list_firings(engine, since=since, limit=20)
     runs: Sequence[str] = [f.run_id for f in followed(engine, user.id)]
-    return store.list_firings(engine, run_ids=list(runs), since=since, limit=20) if runs else []
+    mine = store.list_firings(engine, created_by=user.id, since=since, limit=20)  # of the rules they made
+    if team_mode():
+        from app.services.projects import readable
+
+        seen = {p.name for p in readable(user, engine)}
+        runs = [r for r in runs if project_of(engine, "run", r) in seen]
+        mine = [f for f in mine if f.run_id is None or project_of(engine, "run", f.run_id) in seen]
+    followed_firings = store.list_firings(engine, run_ids=list(runs), since=since, limit=20) if runs else []
+    both = {f.id: f for f in [*followed_firings, *mine]}
+    return sorted(both.values(), key=lambda f: (f.fired_at, f.id), reverse=True)[:20]
 
 
 def describe(rule: RuleRecord) -> str:
@@ -138,5 +177,5 @@ def describe(rule: RuleRecord) -> str:
         "queued": f"queued for {rule.minutes or 0:g} min",
         "sweep_finished": "a sweep finished",
     }[rule.kind]
-    where = f"run {rule.run_id}" if rule.run_id else "global"
+    where = f"run {rule.run_id}" if rule.run_id else f"project {rule.project}" if rule.project else "global"
     return f"{where}: {words} (cooldown {rule.cooldown_min:g} min)"

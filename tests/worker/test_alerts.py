@@ -190,6 +190,27 @@ def test_a_run_rule_watches_its_run_only(engine: Engine) -> None:
     assert fired.condition.run_id == mine.id
 
 
+def test_a_project_rule_watches_its_projects_runs_and_sweeps_only(engine: Engine) -> None:
+    from db import projects
+
+    projects.create_project(engine, "vision", by="maya")
+    ours = repo.create_run(engine, {"data": {"name": "digits"}, "model": {"name": "mlp"}}, owner="a", project="vision")
+    theirs = seed_run(engine, "theirs", status="queued")
+    rule = store.add_rule(engine, "queued", created_by="maya", project="vision", minutes=1)
+    assert rule.scope == "project" and store.list_rules(engine, run_id=ours.id) == [rule]
+    assert store.list_rules(engine, run_id=theirs.id) == [] and store.list_rules(engine, project="vision") == [rule]
+    (fired,) = evaluate(engine, theirs.created_at + 2 * MIN)
+    assert fired.condition.run_id == ours.id and fired.rule.project == "vision"
+    done = store.add_rule(engine, "sweep_finished", created_by="maya", project="vision")
+    for name, project in (("ours", "vision"), ("theirs", "default")):
+        sweep = repo.create_sweep(engine, {}, name=name, owner="a", project=project)
+        repo.finish_sweep(engine, sweep.id, "completed")
+    (fired,) = [f for f in evaluate(engine, utcnow() + MIN) if f.rule.id == done.id]
+    assert fired.condition.reason == 'sweep "ours" completed'
+    with pytest.raises(ValueError, match="one run or one project"):
+        store.add_rule(engine, "queued", created_by="a", run_id=ours.id, project="vision", minutes=1)
+
+
 @pytest.mark.parametrize("engine", ["sqlite"], indirect=True)  # the database plays no part in the sending
 def test_the_webhook_gets_an_escaped_slack_line_and_the_alert(engine: Engine) -> None:
     hook = Hook()

@@ -67,9 +67,28 @@ def upgrade() -> None:
             batch.add_column(sa.Column("project", sa.String(40), server_default=DEFAULT, nullable=False))
             batch.create_index(batch.f(f"ix_{table}_project"), ["project"])
             batch.create_foreign_key(batch.f(f"fk_{table}_project_project"), "project", ["project"], ["name"])
+    with op.batch_alter_table("alert_rule") as batch:  # a project's rules: they watch its runs and sweeps
+        batch.add_column(sa.Column("project", sa.String(40), nullable=True))
+        batch.create_index(batch.f("ix_alert_rule_project"), ["project"])
+        batch.create_foreign_key(
+            batch.f("fk_alert_rule_project_project"), "project", ["project"], ["name"], ondelete="CASCADE"
+        )
+        batch.drop_constraint(batch.f("ck_alert_rule_scope"), type_="check")
+        batch.create_check_constraint(batch.f("ck_alert_rule_scope"), "scope IN ('global', 'project', 'run')")
+        batch.create_check_constraint(
+            batch.f("ck_alert_rule_project_scope"), "(scope = 'project') = (project IS NOT NULL)"
+        )
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM alert_rule WHERE scope = 'project'")  # a project's rules have no place before projects
+    with op.batch_alter_table("alert_rule") as batch:
+        batch.drop_constraint(batch.f("ck_alert_rule_project_scope"), type_="check")
+        batch.drop_constraint(batch.f("ck_alert_rule_scope"), type_="check")
+        batch.create_check_constraint(batch.f("ck_alert_rule_scope"), "scope IN ('global', 'run')")
+        batch.drop_constraint(batch.f("fk_alert_rule_project_project"), type_="foreignkey")
+        batch.drop_index(batch.f("ix_alert_rule_project"))
+        batch.drop_column("project")
     for table in TABLES:
         with op.batch_alter_table(table) as batch:
             batch.drop_constraint(batch.f(f"fk_{table}_project_project"), type_="foreignkey")
