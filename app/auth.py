@@ -319,13 +319,25 @@ def serve_options(home: Path) -> list[str]:
 # --- in the dashboard (Streamlit) -----------------------------------------------------------------
 
 
+SESSION_USER = "auth.user"  # session state: the gate's user of this script run, with their projects' roles
+
+
 def current_user() -> User | None:
-    """Local mode: the local user. Team mode: the signed-in user, or None."""
+    """Local mode: the local user. Team mode: the signed-in user, or None; with their projects' roles as the gate
+    looked them up at the start of this script run (app/ui/gate.py), else looked up now."""
     if not team_mode():
         return local_user()
     import streamlit as st
 
-    return user_from_claims(st.user.to_dict())
+    user = user_from_claims(st.user.to_dict())
+    if user is None or user.is_admin:
+        return user
+    known = st.session_state.get(SESSION_USER)
+    if isinstance(known, User) and known.id == user.id and known.roles is not None:
+        return known
+    from app.services.projects import with_roles
+
+    return with_roles(user)
 
 
 def _is_loopback(ip: str | None) -> bool:

@@ -76,14 +76,18 @@ def list_units(
     descending: bool = True,
     limit: int = 50,
     offset: int = 0,
+    project: str | None = None,
 ) -> UnitPage:
-    """One page of rows over the runs matching the filters (those of db.listing.list_runs), sorted by their
-    runs' largest value of `sort` (smallest when ascending), ties by key so that pages never overlap."""
+    """One page of rows over the runs matching the filters (those of db.listing.list_runs, `project` too), sorted by
+    their runs' largest value of `sort` (smallest when ascending), ties by key so that pages never overlap. A
+    sweep's and a seed group's runs are all of one project (a run's project is its sweep's, a repeat's its run's)."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     conditions = run_conditions(tuple(status) or None, tuple(tag) or None, owner, text, None)
     if sweep_id is not None:
         conditions.append(Run.sweep_id == sweep_id)
+    if project is not None:
+        conditions.append(Run.project == project)
     column, source = _sort_source(sort)
     matching = (
         select(_unit_key(sweep_id is None).label("unit"), column.label("k"))

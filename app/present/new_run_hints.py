@@ -195,9 +195,10 @@ def checkpoint_path(uri: str, run_id: str, root: Path) -> Path | None:
     return None
 
 
-def weight_sources(engine: Engine, root: Path) -> list[WeightSource]:
-    """Finished successful runs with a best checkpoint, newest first (the newest checkpoint of each)."""
-    page = repo.list_runs(engine, status=list(SUCCESS_STATUSES), limit=SOURCE_LIMIT)
+def weight_sources(engine: Engine, root: Path, project: str | None = None) -> list[WeightSource]:
+    """Finished successful runs (of `project`, or of all) with a best checkpoint, newest first (the newest checkpoint
+    of each)."""
+    page = repo.list_runs(engine, status=list(SUCCESS_STATUSES), limit=SOURCE_LIMIT, project=project)
     out = []
     for r in page.runs:
         found = repo.list_artifacts(engine, r.id, kind=CHECKPOINT_BEST)

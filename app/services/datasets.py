@@ -29,6 +29,7 @@ from sqlalchemy import Engine
 
 from app.auth import ADMINS_ENV, PermissionDenied, User, can_modify
 from app.services import dataset_previews, zip_directory
+from app.services.projects import DEFAULT_PROJECT, ProjectHidden, check_contribute, check_read, with_roles
 from core.names import IMAGE_EXTENSIONS, MAX_CLASS_NAME, MAX_IMAGE_PIXELS
 from db import repo
 from db.engine import data_home
@@ -205,10 +206,14 @@ def extract(zf: zipfile.ZipFile, layout: Layout, target: Path) -> dict[str, int]
     return counts
 
 
-def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner: str) -> repo.DatasetRecord:
-    """Check, extract and register an uploaded zip, owned by `owner` (who alone, or an admin, may delete it).
-    Raises UploadRefused; leaves nothing on refusal."""
+def store_upload(
+    engine: Engine, name: str, data: IO[bytes], size: int, *, owner: str, project: str = DEFAULT_PROJECT
+) -> repo.DatasetRecord:
+    """Check, extract and register an uploaded zip in `project`, owned by `owner` (who, while a member of the
+    project, or a maintainer of it or an admin, may delete it). Raises UploadRefused; PermissionDenied in team mode
+    when the owner is not a member of the project; leaves nothing on refusal."""
     name = check_name(name)
+    check_contribute(owner, project, engine)
     if size > MAX_UPLOAD_MB << 20:
         raise UploadRefused(f"the upload is {size / 2**20:,.1f} MB; the limit is {MAX_UPLOAD_MB:,} MB")
     if any(d.name == name for d in repo.list_datasets(engine)):
@@ -244,7 +249,7 @@ def store_upload(engine: Engine, name: str, data: IO[bytes], size: int, *, owner
             f"hosts read it: {e.__class__.__name__}: {e}"
         ) from None
     return repo.create_dataset(
-        engine, name, str(final), classes=sorted(counts), counts=counts, status="ready", owner=owner
+        engine, name, str(final), classes=sorted(counts), counts=counts, status="ready", owner=owner, project=project
     )
 
 
@@ -281,20 +286,21 @@ def publish(name: str, folder: Path) -> None:
 
 
 def check_can_remove(by: User | None, record: repo.DatasetRecord) -> None:
-    """Its owner or an admin; a dataset uploaded before datasets had owners, an admin only."""
+    """Its owner (a member of its project), a maintainer of its project or an admin; a dataset uploaded before
+    datasets had owners, a maintainer or an admin only. `by` with their roles looked up (projects.with_roles)."""
     if not can_modify(by, record):
         who = by.describe() if by else "an anonymous user"
         owner = record.owner or "nobody recorded (it was uploaded before datasets had owners)"
         raise PermissionDenied(
-            f"{who} may not delete dataset {record.name!r}: it belongs to {owner}, and only its "
-            f"owner or an admin ({ADMINS_ENV}) may delete it"
+            f"{who} may not delete dataset {record.name!r}: it belongs to {owner}, and only its owner (a member "
+            f"of project {record.project}), a maintainer of the project or an admin ({ADMINS_ENV}) may delete it"
         )
 
 
 def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
     """Delete an uploaded dataset and its files. app.auth.PermissionDenied unless `by` may."""
-    record = repo.get_dataset(engine, dataset_id)
-    check_can_remove(by, record)
+    record = readable_dataset(engine, dataset_id, by=by)
+    check_can_remove(with_roles(by, engine), record)
     uri = repo.delete_dataset(engine, dataset_id)
     store = shared_store()
     if store is not None:
@@ -303,6 +309,16 @@ def remove(engine: Engine, dataset_id: str, *, by: User | None) -> None:
     if datasets_root() in path.parents:
         shutil.rmtree(path, ignore_errors=True)
         dataset_previews.remove(path)
+
+
+def readable_dataset(engine: Engine, dataset_id: str, *, by: User | None) -> repo.DatasetRecord:
+    """The dataset, or DatasetNotFound when there is none or `by` may not see its project (team mode)."""
+    record = repo.get_dataset(engine, dataset_id)
+    try:
+        check_read(with_roles(by, engine), record.project, f"dataset {dataset_id!r}")
+    except ProjectHidden:
+        raise repo.DatasetNotFound(dataset_id) from None
+    return record
 
 
 def previews(uri: str) -> dataset_previews.Previews | None:

@@ -2,19 +2,22 @@
 photos), list a run's evaluations and compare several runs': plain functions for the Run and Compare pages and the
 CLI. No torch here: a jobs worker scores the run's verified ONNX file (worker/evaluate_job.py) and stores the row.
 
-Who may: anyone who may read the dataset (app/services/paths.check_paths, as for a run's data.path) may evaluate any
-run, since an evaluation only reads the run's file and adds a row beside it. Refused here, before anything is sent.
+Who may: anyone who may see the run and read the dataset (an uploaded dataset of a project they may see, checked
+also by app/services/paths.check_paths as for a run's data.path) may evaluate it, since an evaluation only reads the
+run's file and adds a row beside it. Refused here, before anything is sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
-from app.auth import User
+from app.auth import User, team_mode
+from app.services import projects
 from app.services.artifacts import artifact_root
 from app.services.broker import get_engine
 from app.services.jobs import JobError, forget, run_job
@@ -25,7 +28,7 @@ from core.names import EVALUATE_TASK
 from core.redact import redact
 from db.errors import RunNotFound
 from db.evaluations import EvaluationRecord, get_evaluation, list_evaluations
-from db.repo import get_run, list_artifacts, list_datasets
+from db.repo import list_artifacts, list_datasets
 
 EVALUATE_TIMEOUT_S = 900  # a whole dataset decoded and scored on a jobs worker's CPU
 
@@ -38,26 +41,39 @@ class Choice:
     data: dict[str, Any]
 
 
-def choices(engine: Engine | None = None) -> list[Choice]:
+def choices(engine: Engine | None = None, by: User | None = None) -> list[Choice]:
     """The datasets offered: the built-in ones that load with no path (digits, synthetic) and every uploaded
-    dataset that is ready, as the New run page offers them."""
+    dataset that is ready, as the New run page offers them; in team mode, of the projects `by` may see."""
     engine = engine or get_engine()
     out = [Choice(name, {"name": name}) for name, d in catalog.DATASETS.items() if d.kind in ("builtin", "generated")]
+    seen = None if not team_mode() else {p.name for p in projects.readable(by, engine)}
     for d in list_datasets(engine, status="ready"):
-        out.append(Choice(d.name, {"name": catalog.FOLDER_DATASET, "path": d.uri}))
+        if seen is None or d.project in seen:
+            out.append(Choice(d.name, {"name": catalog.FOLDER_DATASET, "path": d.uri}))
     return out
 
 
-def resolve(dataset: str, path: str | None = None, engine: Engine | None = None) -> Choice:
-    """The choice named `dataset` (an uploaded dataset's name or a built-in one); with `path`, an image folder at
-    that path (the caller checks that it may be read). ValueError naming the known ones otherwise."""
+def resolve(dataset: str, path: str | None = None, engine: Engine | None = None, by: User | None = None) -> Choice:
+    """The choice named `dataset` (an uploaded dataset's name or a built-in one, among those `by` may read); with
+    `path`, an image folder at that path (the caller checks that it may be read: check_readable_path). ValueError
+    naming the known ones otherwise."""
     if path:
         return Choice(dataset, {"name": catalog.FOLDER_DATASET, "path": path})
-    known = choices(engine)
+    known = choices(engine, by)
     for c in known:
         if c.name == dataset:
             return c
     raise ValueError(f"no dataset {dataset!r} to evaluate on; choose among {', '.join(c.name for c in known)}")
+
+
+def check_readable_path(path: str, engine: Engine, by: User | None) -> None:
+    """Team mode: a folder given by path must be an uploaded dataset of a project `by` may see (check_paths has
+    made sure it is an uploaded dataset at all). ValueError otherwise, as for a dataset that does not exist."""
+    if not team_mode():
+        return
+    wanted = Path(path).resolve()
+    if not any(c.data.get("path") and Path(c.data["path"]).resolve() == wanted for c in choices(engine, by)):
+        raise ValueError(f"no uploaded dataset at {path} that you may read: choose one by its name")
 
 
 def evaluate(
@@ -76,16 +92,20 @@ def evaluate(
     if by is None:
         return None, "sign in to evaluate: an evaluation records who made it"
     engine = engine or get_engine()
+    from app.services.runs import readable_run
+
     try:
-        run = get_run(engine, run_id)
+        run = readable_run(run_id, by=by, engine=engine)
     except RunNotFound:
         return None, f"there is no run {run_id!r} (it may have been deleted)"
     onnx, why = verified_onnx(run.status, list_artifacts(engine, run_id))
     if onnx is None:
         return None, str(why)
     try:
-        choice = resolve(dataset, path, engine)
+        choice = resolve(dataset, path, engine, by)
         data = check_paths(RunSpec.model_validate({"data": choice.data}), engine, artifact_root()).data
+        if data.path:
+            check_readable_path(data.path, engine, by)
     except ValueError as e:
         return None, str(e)
     kwargs = {

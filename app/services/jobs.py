@@ -22,7 +22,8 @@ from app.services.owners import owner_label
 from core.config import RunSpec
 from core.names import EXPORT_FORMATS, EXPORT_TASK, JOBS_QUEUE, PREFLIGHT_TASK
 from core.redact import redact
-from db.repo import RunNotFound, get_run
+from db.repo import RunNotFound
+from db.types import DEFAULT_PROJECT
 
 PREFLIGHT_TIMEOUT_S = 300
 EXPORT_TIMEOUT_S = 900
@@ -87,15 +88,17 @@ def forget(store, job_id: str) -> None:
         pass
 
 
-def preflight(spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bool = False) -> dict[str, Any]:
+def preflight(
+    spec: RunSpec, timeout_s: float = PREFLIGHT_TIMEOUT_S, overfit: bool = False, project: str = DEFAULT_PROJECT
+) -> dict[str, Any]:
     """Build the data and the model on a jobs worker, run the shape check, draw the labelled sample grid and,
     with `overfit`, try to overfit one batch on a short budget. Returns {"ok", "shapes"|"error", "grid" (PNG
     bytes or None), "data", "model", and with `overfit` "overfit" (worker/preflight.py's verdict)}. A spec
-    reading files a run may not (app.services.paths) is refused here, before anything is sent."""
+    reading files a run of `project` may not (app.services.paths) is refused here, before anything is sent."""
     from app.services.paths import check_paths
 
     try:
-        spec = check_paths(spec, get_engine(), artifact_root())
+        spec = check_paths(spec, get_engine(), artifact_root(), project)
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     try:
@@ -123,14 +126,17 @@ def export_now(
 ) -> tuple[bool, str]:
     """Export the run's checkpoint again on a jobs worker, which registers the verified files as new artifacts
     of the run (in a new folder: earlier exports keep their files). Returns (every format verified, what the
-    worker said). Only the run's owner or an admin may: app.auth.PermissionDenied otherwise, and then
-    nothing is sent."""
+    worker said). Only the run's owner (a member of its project), a maintainer of its project or an admin may:
+    app.auth.PermissionDenied otherwise, and then nothing is sent."""
+    from app.services.projects import with_roles
+    from app.services.runs import readable_run
+
     engine = engine or get_engine()
     try:
-        run = get_run(engine, run_id)
+        run = readable_run(run_id, by=by, engine=engine)
     except RunNotFound:
         return False, f"there is no run {run_id!r} (it may have been deleted)"
-    check_can_modify(by, run, "export", owner_label(run.owner, engine))
+    check_can_modify(with_roles(by, engine), run, "export", owner_label(run.owner, engine))
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown or not formats:
         return False, f"choose formats among {', '.join(EXPORT_FORMATS)}"

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app import auth
+from app.services import projects
 from app.services.artifacts import artifact_filename, artifact_problem, latest_by_kind
 from app.services.broker import get_engine
 from core.names import (
@@ -38,7 +39,7 @@ from core.names import (
 from core.redact import redact
 from db import registry as reg
 from db.registry import AliasMove, ModelNotFound, ModelRecord, VersionNotFound, VersionRecord
-from db.repo import RunNotFound, get_run, list_artifacts
+from db.repo import RunNotFound, list_artifacts
 
 __all__ = [
     "AliasMove",
@@ -91,8 +92,8 @@ def _refuse_unless_may_modify(user: auth.User | None, action: str):
         if not auth.can_modify(user, model):
             who = user.describe() if user else "an anonymous user"
             raise auth.PermissionDenied(
-                f"{who} may not {action} of model {model.name}: it belongs to {model.owner}, and only its owner or "
-                f"an admin ({auth.ADMINS_ENV}) may"
+                f"{who} may not {action} of model {model.name}: it belongs to {model.owner}, and only its owner (a "
+                f"member of project {model.project}), a maintainer of the project or an admin ({auth.ADMINS_ENV}) may"
             )
 
     return check
@@ -205,12 +206,21 @@ def lineage(run, exports: list[dict[str, Any]] | None = None, engine: Engine | N
 def register(run_id: str, model_name: str, user: auth.User | None, engine: Engine | None = None) -> VersionRecord:
     """The run's verified exports as the next version of `model_name` (created, owned by `user`, when new).
     RegistryRefused for a run that did not finish successfully or has no verified export; PermissionDenied for
-    someone who may not add versions to an existing model; RunNotFound."""
+    someone who may not add versions to an existing model, or who is not a member of the run's project (a model
+    is in the project of its runs); RunNotFound, also for a run of a project `user` may not see."""
     engine = engine or get_engine()
     check_model_name(model_name)
     if user is None:
         raise auth.PermissionDenied("an anonymous user may not register models")
-    run = get_run(engine, run_id)
+    from app.services.runs import readable_run
+
+    user = projects.with_roles(user, engine)
+    run = readable_run(run_id, by=user, engine=engine)
+    if auth.team_mode() and not auth.can_contribute(user, run.project):
+        raise auth.PermissionDenied(
+            f"{user.describe()} may not register models in project {run.project}: only its members, maintainers "
+            f"and admins ({auth.ADMINS_ENV}) may"
+        )
     if run.status not in SUCCESS_STATUSES:
         raise RegistryRefused(
             f"run {run.id} is {run.status}: only a run that finished successfully "
@@ -243,6 +253,8 @@ def set_alias(
     check_alias(alias)
     if user is None:
         raise auth.PermissionDenied("an anonymous user may not move aliases")
+    user = projects.with_roles(user, engine)
+    readable_model(model_name, by=user, engine=engine)
     check = _refuse_unless_may_modify(user, "move the aliases")
     move = reg.move_alias(engine, model_name, alias, int(version), by=user.id, check=check)
     announce(move, user)
@@ -292,8 +304,20 @@ def version_file(version: VersionRecord, filename: str) -> dict[str, Any]:
     raise VersionNotFound(f"version {version.version} of {version.model_name} has no file {filename[:100]!r} ({names})")
 
 
-def list_models(engine: Engine | None = None) -> list[ModelRecord]:
-    return reg.list_models(engine or get_engine())
+def list_models(engine: Engine | None = None, project: str | None = None) -> list[ModelRecord]:
+    """Every model (of `project`, or of all) by name."""
+    return reg.list_models(engine or get_engine(), project)
+
+
+def readable_model(model_name: str, *, by: auth.User | None, engine: Engine | None = None) -> ModelRecord:
+    """The model, or ModelNotFound when there is none or `by` may not see its project (team mode)."""
+    engine = engine or get_engine()
+    model = reg.get_model(engine, model_name)
+    try:
+        projects.check_read(projects.with_roles(by, engine), model.project, f"model {model_name!r}")
+    except projects.ProjectHidden:
+        raise reg.ModelNotFound(model_name) from None
+    return model
 
 
 def show(model_name: str, engine: Engine | None = None) -> dict[str, Any]:
@@ -310,4 +334,4 @@ def show(model_name: str, engine: Engine | None = None) -> dict[str, Any]:
 
 def may_modify(user: auth.User | None, model: ModelRecord) -> bool:
     """For the pages, which hide what set_alias and register would refuse."""
-    return auth.can_modify(user, model)
+    return auth.can_modify(projects.with_roles(user), model)

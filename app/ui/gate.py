@@ -12,6 +12,7 @@ from app.auth import (
     ALLOWED_GROUPS_ENV,
     ALLOWED_USERS_ENV,
     MODE_ENV,
+    SESSION_USER,
     AuthNotConfigured,
     User,
     current_user,
@@ -73,7 +74,9 @@ def _with_roles(user: User) -> User:
     from app.services.projects import with_roles
 
     try:
-        return with_roles(user, get_engine())  # type: ignore[return-value]
+        user = with_roles(user, get_engine())  # type: ignore[assignment]
+        st.session_state[SESSION_USER] = user  # auth.current_user's, for the rest of this script run
+        return user
     except Exception as e:  # noqa: BLE001 - shown, not raised: the page cannot tell who may see what
         st.error(f"Cannot read your projects from the database: {e}", icon=":material/error:")
         st.stop()

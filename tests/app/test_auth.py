@@ -4,6 +4,7 @@ shows nothing before sign-in; local mode is served on 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 import tomllib
 from types import SimpleNamespace
@@ -42,9 +43,16 @@ def claims(email: str, **more) -> dict:
 
 
 def user(email: str, **more) -> auth.User:
+    """A member of the dashboard as the gate hands them to the pages: with their projects' roles, here the default
+    project's open role (member) and nothing else (tests of other projects look roles up: projects.with_roles)."""
     u = auth.user_from_claims({"is_logged_in": True, **claims(email, **more)})
     assert u is not None
-    return u
+    return as_member(u)
+
+
+def as_member(u: auth.User) -> auth.User:
+    """`u` with the roles every member of the dashboard has: the default project's open role."""
+    return dataclasses.replace(u, roles=(("default", "member"),))
 
 
 # --- the rules -----------------------------------------------------------------------------------
@@ -64,7 +72,7 @@ def test_identity_from_the_providers_claims(team):
     assert auth.user_from_claims({}) is None
     assert auth.user_from_claims({"is_logged_in": True, "iss": ISS, "email": ANA, "email_verified": True}) is None
     ana = user(ANA)
-    assert ana == auth.User(id=f"{ISS}#id-{ANA}", name="Ana", email=ANA)
+    assert ana == auth.User(id=f"{ISS}#id-{ANA}", name="Ana", email=ANA, roles=(("default", "member"),))
     entra = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "00u1", "preferred_username": "Ana@Corp"})
     assert entra == auth.User(id=f"{ISS}#00u1", name="Ana@Corp")  # a display name, nothing more
     # The display name: `name`, else the verified e-mail, else preferred_username.
@@ -87,7 +95,7 @@ def test_a_chosen_username_or_unverified_address_is_nobodys_identity(team, monke
     for extra in forged:
         u = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": "mallory", **extra})
         assert u is not None and u.id == f"{ISS}#mallory" and u.email is None, extra
-        assert not u.is_admin and not auth.is_member(u) and not auth.can_modify(u, bosses_run), extra
+        assert not u.is_admin and not auth.is_member(u) and not auth.can_modify(as_member(u), bosses_run), extra
     boss = auth.user_from_claims(
         {"is_logged_in": True, "iss": ISS, "sub": "b0", "email": "Boss@Corp.com", "email_verified": True}
     )
@@ -126,9 +134,9 @@ def test_owners_by_key_and_legacy_email_owners(team, engine):
     assert auth.can_modify(bob, keyed) and auth.can_modify(bob, legacy)
     assert auth.can_modify(user("BOB@example.com"), legacy)  # the stored e-mail, any case
     # Another account with Bob's verified address owns his legacy runs, never his keyed ones.
-    twin = auth.user_from_claims({**claims(BOB), "is_logged_in": True, "sub": "someone-else"})
+    twin = as_member(auth.user_from_claims({**claims(BOB), "is_logged_in": True, "sub": "someone-else"}))
     assert auth.can_modify(twin, legacy) and not auth.can_modify(twin, keyed)
-    unverified = auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": f"id-{BOB}", "email": BOB})
+    unverified = as_member(auth.user_from_claims({"is_logged_in": True, "iss": ISS, "sub": f"id-{BOB}", "email": BOB}))
     assert unverified.id == bob.id and auth.can_modify(unverified, keyed)  # the key alone makes the owner
     assert not auth.can_modify(unverified, legacy)  # an e-mail nobody verified owns nothing
     assert not auth.can_modify(user(ANA), keyed) and not auth.can_modify(user(ANA), legacy)

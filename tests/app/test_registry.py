@@ -102,7 +102,10 @@ def test_team_mode_only_the_owner_or_an_admin_registers_and_moves_aliases(engine
     first = exported_run(engine, home, b"onnx-1", owner=ana.id)
     second = exported_run(engine, home, b"onnx-2", owner=ana.id)
     registry.register(first.id, "digits", ana, engine)
-    with pytest.raises(auth.PermissionDenied, match="only its owner or an admin"):
+    with pytest.raises(
+        auth.PermissionDenied,
+        match="only its owner \\(a member of project default\\), a maintainer of the project or an admin",
+    ):
         registry.register(second.id, "digits", bo, engine)
     registry.register(second.id, "digits", ana, engine)
     assert registry.set_alias("digits", "production", 1, ana, engine).to_version == 1

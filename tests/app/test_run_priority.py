@@ -35,7 +35,10 @@ def test_the_owner_may_lower_their_run_and_another_member_may_not_touch_it(team,
 def test_only_an_admin_raises_a_run_above_normal(team, engine):
     bob = user(BOB)
     run = repo.create_run(engine, SPEC, owner=bob.id)
-    with pytest.raises(auth.PermissionDenied, match="may not give a run high priority: only an admin may"):
+    with pytest.raises(
+        auth.PermissionDenied,
+        match="may not give a run high priority: only a maintainer of project default or an admin may",
+    ):
         set_priority(run.id, "high", engine=engine, by=bob)
     assert repo.get_run(engine, run.id).priority == 0
     assert set_priority(run.id, "high", engine=engine, by=user(ADMIN)).priority == 1
@@ -181,7 +184,7 @@ def test_a_sweeps_owner_lowers_its_trials_on_its_page_and_only_an_admin_raises_t
     assert not at.exception
     assert repo.get_sweep(engine, sweep.id).priority == -1
     assert [repo.get_run(engine, i).priority for i in queued] == [-1, -1]
-    with pytest.raises(auth.PermissionDenied, match="only an admin may"):
+    with pytest.raises(auth.PermissionDenied, match="only a maintainer of project default or an admin may"):
         set_sweep_priority(sweep.id, "high", by=user(BOB), engine=engine)
     assert set_sweep_priority(sweep.id, "high", by=user(ADMIN), engine=engine) == 2
 
