@@ -1,7 +1,8 @@
 """The dashboard as served by `torchdeck ui` / `torchdeck up` (`streamlit run app/server.py`): the pages of
 app/main.py, plus the route the live Run page's charts are fed by (app/live/route.py) and the artifact downloads' route
 (app/web/downloads.py) and the model registry's stable links (app/web/model_downloads.py), behind the front door
-(app/web/front_door.py: local mode answers this machine's names only, no other site may frame the dashboard).
+(app/web/front_door.py: local mode answers this machine's names only, no other site may frame the dashboard). In team
+mode each of these routes serves a person only what belongs to the projects they may read (app/web/access.py).
 
 `streamlit run app/main.py` serves the pages alone: no live route and no front door (only the pages' gate)."""
 

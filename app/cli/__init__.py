@@ -1,10 +1,10 @@
 """The `torchdeck` command line (the console script `torchdeck = app.cli:main`, and `python -m app.cli`): the
 typer app, with `train`, `validate` and `export` here and the other commands in this package: runs.py (submit,
 status, watch, cancel, runs), start.py (worker, up, ui), sweep.py, db.py, cache.py (the image cache), models.py
-(the model registry) and doctor.py (its worker checks in doctor_workers.py). console.py is `train`'s progress bar;
-processes.py builds the command lines of the workers, the private Redis and the dashboard. Commands that train,
-export or touch the image cache import `core` lazily, so `torchdeck --help` and the database/queue commands start
-without torch."""
+(the model registry), projects.py (projects and their members) and doctor.py (its worker checks in
+doctor_workers.py). console.py is `train`'s progress bar; processes.py builds the command lines of the workers, the
+private Redis and the dashboard. Commands that train, export or touch the image cache import `core` lazily, so
+`torchdeck --help` and the database/queue commands start without torch."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from app.cli.cache import cache_app
 from app.cli.db import db_app
 from app.cli.doctor import doctor
 from app.cli.models import models_app
+from app.cli.projects import projects_app
 from app.cli.runs import load_spec_or_exit as _load
 from app.cli.runs import register as register_run_commands
 from app.cli.start import register as register_start_commands
@@ -119,6 +120,11 @@ app.add_typer(db_app, name="db", help="Database schema: upgrade, current revisio
 app.add_typer(cache_app, name="cache", help="The image cache on this machine: list, remove, clear.")
 app.add_typer(models_app, name="models", help="The model registry: list, show, register, alias, download.")
 app.add_typer(alerts_app, name="alerts", help="Alert rules the workers evaluate: list, add, remove.")
+app.add_typer(
+    projects_app,
+    name="projects",
+    help="Projects and who is in them: list, create, show, member, remove-member, describe.",
+)
 register_run_commands(app)
 register_start_commands(app)
 app.command()(sweep_command)

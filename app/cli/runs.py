@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from core.names import FINISHED_STATUSES, SUCCESS_STATUSES
+from db.types import DEFAULT_PROJECT
 
 
 def load_spec_or_exit(spec_path: Path, overrides: list[str]):
@@ -71,15 +72,21 @@ def submit(
     priority: Annotated[
         str, typer.Option("--priority", help="low, normal or high: its place in its queue (`torchdeck priority`).")
     ] = "normal",
+    project: Annotated[
+        str, typer.Option("--project", help="The project it goes to; in team mode its owner must be a member of it.")
+    ] = DEFAULT_PROJECT,
 ) -> None:
     """Validate, store and enqueue a run; prints the run id as the last line. The CLI acts with the database's
-    and the broker's credentials, as an operator: it is not signed in."""
+    and the broker's credentials, as an operator: it is not signed in (the run's owner must still be a member of
+    its project in team mode: `torchdeck projects member`)."""
     from app.auth import local_user
+    from app.cli.projects import refused
     from app.services.broker import run_queue
     from app.services.runs import submit as do_submit
 
     run_spec = load_spec_or_exit(spec, overrides)
-    try:  # (the operator's shell may give any priority: it acts as an admin)
+    # (the operator's shell may give any priority: it acts as an admin); RuntimeError: the broker is unreachable
+    with refused(RuntimeError):
         run = do_submit(
             run_spec,
             name=name,
@@ -88,11 +95,9 @@ def submit(
             engine=_engine(),
             priority=priority,
             by=local_user(),
+            project=project,
         )
-    except (RuntimeError, ValueError) as e:
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"queued on '{run_queue(run_spec)}': {run.name or '(unnamed)'}")
+    typer.echo(f"queued on '{run_queue(run_spec)}' in project {run.project}: {run.name or '(unnamed)'}")
     _say_who_serves(run_queue(run_spec))
     typer.echo(run.id)
 
@@ -231,16 +236,24 @@ def priority(
 def runs(
     status_filter: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).")] = 20,
+    project: Annotated[str | None, typer.Option("--project", help="Only the runs of this project.")] = None,
 ) -> None:
-    """A table of runs."""
+    """A table of runs (of every project, or of one)."""
+    from app.cli.projects import refused
+    from db.projects import get_project
     from db.repo import list_runs
 
-    page = list_runs(_engine(), status=status_filter, limit=limit)
-    table = Table("name", "status", "progress", "best", "worker", "created")
+    engine = _engine()
+    if project is not None:
+        with refused():
+            get_project(engine, project)
+    page = list_runs(engine, status=status_filter, limit=limit, project=project)
+    table = Table("name", "project", "status", "progress", "best", "worker", "created")
     table.add_column("id", no_wrap=True, min_width=12)  # copied into other commands: never truncated
     for r in page.runs:
         table.add_row(
             r.name or "",
+            r.project,
             r.status,
             f"{100 * (r.progress or 0):.0f}%",
             _best(r),

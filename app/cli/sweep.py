@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from db.types import DEFAULT_PROJECT
+
 ACTIONS = ("status", "cancel", "best")
 
 
@@ -37,6 +39,9 @@ def sweep(
     priority: Annotated[
         str, typer.Option("--priority", help="low, normal or high: its trials' place in their queue.")
     ] = "normal",
+    project: Annotated[
+        str, typer.Option("--project", help="The project of the sweep and its trials (team mode: the owner's).")
+    ] = DEFAULT_PROJECT,
 ) -> None:
     """Launch a sweep (many runs as one experiment, bad trials stopped early), or show, cancel or relaunch one."""
     if target in ACTIONS:
@@ -46,7 +51,7 @@ def sweep(
             sweep_id, as_json=as_json, launch=launch, seeds=seeds, owner=owner
         )
         return
-    _launch(Path(target), space, overrides, name, owner, priority)
+    _launch(Path(target), space, overrides, name, owner, priority, project)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -75,9 +80,16 @@ def _read(path: Path) -> str:
 
 
 def _launch(
-    spec_path: Path, space_path: Path | None, overrides: list[str], name: str | None, owner: str | None, priority: str
+    spec_path: Path,
+    space_path: Path | None,
+    overrides: list[str],
+    name: str | None,
+    owner: str | None,
+    priority: str,
+    project: str,
 ) -> None:
     from app.auth import local_user
+    from app.cli.projects import refused
     from app.cli.runs import _engine, _say_who_serves, cli_owner
     from app.services.broker import run_queue
     from app.services.sweeps import estimate, submit_sweep
@@ -85,15 +97,19 @@ def _launch(
     spec = load_sweep_or_exit(spec_path, space_path, overrides)
     engine = _engine()
     typer.echo(estimate(spec, engine).describe(spec.pruner.kind))
-    try:
+    with refused(RuntimeError):  # RuntimeError: the broker is unreachable
         sweep = submit_sweep(
-            spec, owner=owner or cli_owner(), name=name, engine=engine, priority=priority, by=local_user()
+            spec,
+            owner=owner or cli_owner(),
+            name=name,
+            engine=engine,
+            priority=priority,
+            by=local_user(),
+            project=project,
         )
-    except (RuntimeError, ValueError) as e:
-        _fail(str(e))
     typer.echo(
-        f"sweep '{sweep.name}': {spec.method}, {spec.trials} trials, {spec.budget.parallel} at once, "
-        f"pruner {spec.pruner.kind}, objective {spec.metric} ({spec.mode})"
+        f"sweep '{sweep.name}' in project {sweep.project}: {spec.method}, {spec.trials} trials, "
+        f"{spec.budget.parallel} at once, pruner {spec.pruner.kind}, objective {spec.metric} ({spec.mode})"
     )
     _say_who_serves(run_queue(spec.base))
     typer.echo(sweep.id)

@@ -11,7 +11,10 @@ Access: the route serves one run's charts to the holder of a grant, an unguessab
 inside an admitted session and hands to its own chart frame, which sends it in the X-Torchdeck-Grant header
 (never in the URL, which proxies and browsers log). A grant is bound to
 - its Streamlit session: it dies when the session is gone (the tab closed, the websocket lost);
-- the signed-in person (team mode): the request's sign-in cookie must name the same identity;
+- the signed-in person (team mode): the request's sign-in cookie must name the same identity, still a member of
+  the dashboard, who may still read the run's project (app/web/access.py, their roles looked up at every request:
+  a grant outlives a removal from the project by one request at most, the long poll already waiting); a grant
+  refused for its project is dropped, and answered as an unknown one;
 - time: dropped after GRANT_IDLE_S unused, and GRANT_MAX_AGE_S after it was made however often it is used
   (the frame then asks its page for another).
 A session holds at most GRANTS_PER_SESSION (a new one drops that session's oldest, never another's); when
@@ -42,6 +45,7 @@ from db import repo
 
 PATH = "/_torchdeck/live"  # app/server.py mounts the route at this path (written out there: see its docstring)
 HEADER = "X-Torchdeck-Grant"
+UNKNOWN_GRANT = "unknown or expired grant"
 GRANT_IDLE_S = 600.0
 GRANT_MAX_AGE_S = 3600.0
 MAX_GRANTS = 10_000
@@ -116,6 +120,10 @@ class Grants:
             self._grants.pop(token, None)
             return None
 
+    def drop(self, token: str) -> None:
+        with self._lock:
+            self._grants.pop(token, None)
+
     def use(self, token: str) -> None:
         with self._lock:
             if token in self._grants:
@@ -182,13 +190,21 @@ def valid(token: str) -> bool:
     return ctx is not None and _grants.valid(token, ctx.session_id)
 
 
-def request_identity(request) -> str | None:
-    """Team mode: the key of the person the request's sign-in cookie names, or None
-    (app.web.front_door.signed_in_user)."""
-    from app.web import front_door
+async def team_refusal(request, g: Grant) -> tuple[int, str] | None:
+    """Team mode: why the request may not use grant `g` now (status and words), or None. The sign-in must be the
+    grant's, still a member of the dashboard, who may read the run's project (404 as for an unknown grant)."""
+    from starlette.concurrency import run_in_threadpool
+
+    from app.web import access, front_door
 
     user = front_door.signed_in_user(request)
-    return user.id if user is not None else None
+    if g.identity is None or user is None or user.id != g.identity:
+        return 403, "this grant was made for another sign-in"
+    if not auth.is_member(user):
+        return 403, f"{user.describe()} is not a member of this torchdeck: ask an admin ({auth.ADMINS_ENV}) to add you"
+    if not await run_in_threadpool(access.may_read, user, "run", g.run_id, queries.engine()):
+        return 404, UNKNOWN_GRANT
+    return None
 
 
 def answer(g: Grant, have: set[str]) -> tuple[dict, dict[str, int] | None]:
@@ -244,9 +260,12 @@ async def serve(request, grants: Grants, polls: Polls):
     token = request.headers.get(HEADER, "")
     g = grants.get(token)
     if g is None:
-        return _error(404, "unknown or expired grant")
-    if team and (g.identity is None or request_identity(request) != g.identity):
-        return _error(403, "this grant was made for another sign-in")
+        return _error(404, UNKNOWN_GRANT)
+    why = await team_refusal(request, g) if team else None
+    if why is not None:
+        if why[0] == 404:  # its run's project is no longer readable: the grant is of no further use to anyone
+            grants.drop(token)
+        return _error(*why)
     grants.use(token)
     with polls.slot(g.session) as admitted:
         if not admitted:

@@ -12,8 +12,9 @@ Access is that of the pages: by opaque artifact id only (app.services.artifacts 
 artifact store; never a path), and only for someone a page would admit: local mode, this machine, not
 through a proxy (auth.local_refusal; app/web/front_door.py's front door also checks Host and Origin); team mode,
 a member signed in (the request's sign-in cookie, as Streamlit's own websocket reads it, not older than
-TORCHDECK_SESSION_MAX_AGE_H). Every member may download every run's files, as on the pages. The file is
-always an attachment of type application/octet-stream (never shown inline in the dashboard's origin).
+TORCHDECK_SESSION_MAX_AGE_H) who may read the project of the artifact's run (app/web/access.py; to anyone else the
+artifact does not exist: the same 404 and words as an unknown id). The file is always an attachment of type
+application/octet-stream (never shown inline in the dashboard's origin).
 
 The route exists where app/server.py mounts `routes()` (`torchdeck ui` / `torchdeck up`); elsewhere
 (`streamlit run app/main.py`, tests) `served()` is false and the pages fall back on Streamlit's button for
@@ -51,20 +52,24 @@ def url(artifact_id: str) -> str:
     return f"{PATH}/{quote(artifact_id, safe='')}"
 
 
-def refusal(request) -> str | None:
-    """Why this request may not download (as the pages' gate would refuse it), or None."""
+def admitted(request) -> tuple[auth.User | None, str | None]:
+    """(who downloads, None) for a request the pages' gate would admit (local mode: the local user; team mode: the
+    signed-in member), else (None, why it is refused). What they may download is then up to their projects
+    (app/web/access.py)."""
     try:
         team = auth.team_mode()
     except auth.AuthNotConfigured as e:
-        return str(e)
+        return None, str(e)
     if not team:
-        return auth.local_refusal(request.client.host if request.client else None, request.headers)
+        why = auth.local_refusal(request.client.host if request.client else None, request.headers)
+        return (None, why) if why else (auth.local_user(), None)
     user = front_door.signed_in_user(request)
     if user is None:
-        return "Sign in to the dashboard first (this download link works for signed-in members)."
+        return None, "Sign in to the dashboard first (this download link works for signed-in members)."
     if not auth.is_member(user):
-        return f"{user.describe()} is not a member of this torchdeck: ask an admin ({auth.ADMINS_ENV}) to add you."
-    return None
+        why = f"{user.describe()} is not a member of this torchdeck: ask an admin ({auth.ADMINS_ENV}) to add you."
+        return None, why
+    return user, None
 
 
 def _plain(status: int, text: str):
@@ -82,11 +87,36 @@ def attachment(filename: str) -> str:
 
 
 def download(request):
-    """The route: the artifact's bytes streamed, or a plain-text refusal (403, 400, 404, 409)."""
-    why = refusal(request)
+    """The route: the artifact's bytes streamed, or a plain-text refusal (403, 400, 404, 409). An artifact of a run
+    in a project the person may not read is answered as one that does not exist."""
+    user, why = admitted(request)
     if why is not None:
         return _plain(403, why)
-    return stream(request.path_params["artifact_id"])
+    artifact_id = request.path_params["artifact_id"]
+    if not _readable(user, artifact_id):
+        return _missing(artifact_id)
+    return stream(artifact_id)
+
+
+def _readable(user: auth.User | None, artifact_id: str) -> bool:
+    """Whether `user` may read the project of the artifact's run (an id that names no artifact: stream() answers)."""
+    if not auth.team_mode():
+        return True
+    from app.services.broker import get_engine
+    from app.web import access
+    from db.errors import ArtifactNotFound
+    from db.repo import get_artifact
+
+    engine = get_engine()
+    try:
+        record = get_artifact(engine, artifact_id)
+    except ArtifactNotFound:
+        return True
+    return access.may_read(user, "run", record.run_id, engine)
+
+
+def _missing(artifact_id: str):
+    return _plain(404, f"Refused: there is no artifact with id {artifact_id[:64]!r}.")
 
 
 def stream(artifact_id: str, filename: str | None = None):
@@ -103,7 +133,7 @@ def stream(artifact_id: str, filename: str | None = None):
     except artifacts.InvalidArtifactId as e:
         return _plain(400, f"Refused: {e}.")
     except ArtifactNotFound:
-        return _plain(404, f"Refused: there is no artifact with id {artifact_id[:64]!r}.")
+        return _missing(artifact_id)
     except artifacts.ArtifactChanged as e:
         return _plain(409, f"Refused: {e}.")
     except (artifacts.ArtifactUnavailable, OSError) as e:

@@ -6,7 +6,9 @@ whichever version `production` points at at that moment, so a deployment that fe
 model after an alias move without changing its link. The file is one of the version's (its exports, report,
 bundle, by the name the version lists), streamed exactly as the artifact route streams it (app/web/downloads.py:
 the same admission, a piece at a time, its SHA-256 re-checked before the first byte and on the way), and it must
-still be the file the version recorded (the artifact's registered SHA-256 equals the version's).
+still be the file the version recorded (the artifact's registered SHA-256 equals the version's). In team mode the
+model's project must be one the signed-in person may read (app/web/access.py); to anyone else the model does not
+exist (the same 404 and words as a name nobody registered).
 
 Mounted beside the artifact route where app/server.py mounts it (`torchdeck ui`, `torchdeck up`).
 """
@@ -50,14 +52,17 @@ def _target(params) -> tuple[str, str | int]:
 def download(request):
     """The route: the version's file streamed, or a plain-text refusal (403, 400, 404, 409)."""
     from app.services import registry
+    from app.web import access
     from db.errors import ArtifactNotFound
     from db.repo import get_artifact
 
-    why = downloads.refusal(request)
+    user, why = downloads.admitted(request)
     if why is not None:
         return downloads._plain(403, why)
     try:
         name, ref = _target(request.path_params)
+        if not access.may_read(user, "model", name, registry.get_engine()):
+            raise registry.ModelNotFound(name)
         version = registry.resolve(name, ref)
         entry = registry.version_file(version, request.path_params["filename"])
     except (ValueError, registry.RegistryRefused) as e:
