@@ -13,7 +13,7 @@ from app.present import text as f
 from app.present.figures import COMPARE_X_MODES, X_LABELS
 from app.ui import compare_groups as cg
 from app.ui import compare_view as cv
-from app.ui import evaluations_view, frame, queries
+from app.ui import evaluations_view, frame, project_context, queries
 from core.names import SYSTEM_PREFIX
 
 K = frame.page_state("cmp")
@@ -40,10 +40,11 @@ def choose_runs() -> list[str]:
     wanted = named[:MAX_RUNS]
     if st.session_state.get(K("seeded")) != wanted:
         st.session_state[K("seeded")] = wanted
-        st.session_state[K("ids")] = wanted
-    recent = {r.id: r for r in queries.runs_page(limit=200).runs}
+        st.session_state[K("ids")] = of_the_project(wanted)
+    project = project_context.project()
+    recent = {r.id: r for r in queries.runs_page(limit=200, project=project).runs}
     for run_id in st.session_state.get(K("ids"), []):
-        if run_id not in recent and (r := queries.run(run_id)) is not None:
+        if run_id not in recent and (r := queries.run(run_id)) is not None and r.project == project:
             recent[run_id] = r
     st.session_state[K("ids")] = [i for i in st.session_state.get(K("ids"), []) if i in recent]
     ids = st.multiselect(
@@ -58,6 +59,32 @@ def choose_runs() -> list[str]:
         st.query_params["ids"] = ",".join(ids)
         st.session_state[K("seeded")] = ids
     return ids
+
+
+def of_the_project(wanted: list[str]) -> list[str]:
+    """Of the runs a link names, those of the current project; a link naming only runs of another project the user
+    may read opens that project (a shared link works). Runs of other projects are left out, saying so; runs that do
+    not exist and runs of projects the user may not read are both "not found"."""
+    found = queries.runs_by_id(wanted)
+    readable = {i: r for i, r in found.items() if project_context.may_read(r.project)}
+    if readable and all(r.project != project_context.project() for r in readable.values()):
+        project_context.follow(readable[next(i for i in wanted if i in readable)].project)
+    project = project_context.project()
+    missing = [i for i in wanted if i not in readable]
+    others = sorted({r.project for r in readable.values() if r.project != project})
+    if missing:
+        st.warning(
+            f"{len(missing)} run(s) of the link not found (deleted, or never there): "
+            + ", ".join(f.code_span(i[:40]) for i in missing[:10]),
+            icon=":material/filter_list_off:",
+        )
+    if others:
+        st.warning(
+            f"Runs of project(s) {', '.join(f.md_text(p) for p in others)} left out: Compare shows the runs of one "
+            f"project, here {f.md_text(project)}. Switch project in the sidebar to compare those.",
+            icon=":material/filter_list_off:",
+        )
+    return [i for i in wanted if i in readable and readable[i].project == project]
 
 
 def choose_grouping(runs) -> list[cg.Group] | None:

@@ -1,5 +1,6 @@
-"""Datasets: upload an ImageFolder zip (checked, stored under $TORCHDECK_HOME/datasets), preview it,
-see the built-in datasets, and this machine's image cache (app/ui/image_cache_view.py)."""
+"""Datasets: the current project's uploaded datasets (an ImageFolder zip, checked, stored under
+$TORCHDECK_HOME/datasets; its members upload to it), preview them, see the built-in datasets, and this machine's
+image cache (app/ui/image_cache_view.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from app.present import figures
 from app.present import text as f
 from app.services import datasets as ds
 from app.services.owners import owner_labels
-from app.ui import frame, image_cache_view, queries
+from app.ui import frame, image_cache_view, project_context, queries
 
 K = frame.page_state("ds")
 
@@ -29,18 +30,24 @@ def _name_from_zip() -> None:
     name = st.session_state.get(K("name"), "")
     if upload is None or (name and name != st.session_state.get(K("auto"))):
         return
-    taken = [d.name for d in queries.datasets()]
+    taken = [d.name for d in queries.datasets()]  # every project's: a dataset's name is unique in the database
     st.session_state[K("name")] = st.session_state[K("auto")] = ds.default_name(upload.name, taken)
 
 
 def upload_form() -> None:
+    """The upload to the current project, for its members, maintainers and admins."""
+    if not project_context.may_contribute():
+        st.caption(
+            f"You are a viewer of project {f.md_text(project_context.project())}: its members upload datasets to it."
+        )
+        return
     stored = st.session_state.pop(K("stored"), None)
     if stored:
         st.session_state[K("name")] = ""  # before the widget: a stored upload empties the form
     with st.container(border=True):
         st.markdown(
-            f"**Upload an ImageFolder zip** — one folder per class (`cat/1.jpg`, `dog/2.png`), optionally "
-            f"inside one top folder; at most {ds.MAX_UPLOAD_MB} MB."
+            f"**Upload an ImageFolder zip** to project {f.md_text(project_context.project())} — one folder per "
+            f"class (`cat/1.jpg`, `dog/2.png`), optionally inside one top folder; at most {ds.MAX_UPLOAD_MB} MB."
         )
         name = st.text_input(
             "Dataset name",
@@ -65,8 +72,15 @@ def store(name: str, upload) -> None:
     name = name.strip() or ds.default_name(upload.name, [d.name for d in queries.datasets()])
     with st.spinner("Checking and extracting…"):
         try:
-            record = ds.store_upload(queries.engine(), name, upload, upload.size, owner=auth.current_user().id)
-        except ds.UploadRefused as e:
+            record = ds.store_upload(
+                queries.engine(),
+                name,
+                upload,
+                upload.size,
+                owner=project_context.acting().id,
+                project=project_context.project(),
+            )
+        except (ds.UploadRefused, auth.PermissionDenied) as e:
             st.error(f"Upload refused: {f.md_text(e)}", icon=":material/block:")  # it names the zip's files
             return
     queries.clear()
@@ -124,11 +138,13 @@ def preview(record) -> None:
     with right:
         thumbnails(record)
     st.code(f"data:\n  name: imagefolder\n  path: {record.uri}", language="yaml")
-    if record.status == "ready":
+    if record.status == "ready" and project_context.may_contribute(record.project):
         train_link(record.name)
-    user = auth.current_user()
+    user = project_context.acting()
     if not auth.can_modify(user, record):
-        st.caption("Only its owner or an admin may delete this dataset.")
+        st.caption(
+            "Only its owner (a member of the project), a maintainer of the project or an admin may delete this dataset."
+        )
         return
     with st.popover("Delete this dataset", icon=":material/delete:"):
         st.warning(f"Delete {f.md_text(record.name)} and its stored images? Runs that use it will fail to load it.")
@@ -192,16 +208,17 @@ def builtin_section() -> None:
     elif builtin.is_torchvision(name):
         st.markdown(builtin.torchvision_description(name))
     st.code(f"data:\n  name: {name}", language="yaml")
-    train_link(name)
+    if project_context.may_contribute():
+        train_link(name)
 
 
 def main() -> None:
     st.title("Datasets")
     upload_form()
     st.subheader("Uploaded")
-    records = queries.datasets()
+    records = queries.datasets(project_context.project())
     if not records:
-        st.caption("No uploaded datasets yet.")
+        st.caption(f"No uploaded datasets yet in project {f.md_text(project_context.project())}.")
     else:
         owners = owner_labels((d.owner for d in records), engine=queries.engine())
         df = pd.DataFrame(

@@ -1,6 +1,7 @@
-"""Models: the registry of named models (app/services/registry.py). Each model's versions with their scores side by
-side and a link to the run each came from, its aliases and their stable download links, who moved which alias when,
-and the forms to register a run and move an alias (shown to whom the service would let do it)."""
+"""Models: the current project's registered models (app/services/registry.py). Each model's versions with their
+scores side by side and a link to the run each came from, its aliases and their stable download links, who moved
+which alias when, and the forms to register a run and move an alias (shown to whom the service would let do it).
+`?name=` opens a model; one of another project the user may read switches to that project."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app import auth
 from app.present import text as f
 from app.services import evaluations, registry
 from app.services.owners import owner_label, owner_labels
-from app.ui import frame, queries
+from app.ui import frame, project_context, queries
 from app.web import downloads, model_downloads
 
 K = frame.page_state("models")
@@ -62,6 +63,9 @@ COLUMNS = {
 
 
 def register_form(user: auth.User | None) -> None:
+    """Register a run of the project (its members, maintainers and admins; the service checks the run's project)."""
+    if not project_context.may_contribute():
+        return
     with st.expander("Register a run as a model version", icon=":material/add_box:"):
         st.caption(
             "A run that finished successfully, with at least one verified export (its parity check passed). "
@@ -155,16 +159,34 @@ def model_panel(name: str, user: auth.User | None) -> None:
             st.dataframe(moves_frame(shown["moves"]), hide_index=True, width="stretch")
 
 
+def wanted_model() -> str | None:
+    """`?name=`: a model of the current project, or of another the user may read (which then becomes current);
+    None, saying so, for one that does not exist or that they may not see alike."""
+    wanted = st.query_params.get("name")
+    if not wanted:
+        return None
+    try:
+        model = registry.readable_model(wanted, by=project_context.acting(), engine=queries.engine())
+    except (registry.ModelNotFound, registry.RegistryRefused):
+        st.warning(f"There is no registered model {wanted[:100]!r}.")
+        return None
+    project_context.follow(model.project)
+    return model.name
+
+
 def main() -> None:
     st.title("Models")
-    user = auth.current_user()
-    models = registry.list_models(queries.engine())
+    user = project_context.acting()
+    wanted = wanted_model()
+    models = registry.list_models(queries.engine(), project=project_context.project())
     register_form(user)
     if not models:
-        st.caption("No model registered yet: register a finished run above, or `torchdeck models register RUN NAME`.")
+        st.caption(
+            f"No model registered yet in project {f.md_text(project_context.project())}: register a finished run "
+            "above, or `torchdeck models register RUN NAME`."
+        )
         return
     names = [m.name for m in models]
-    wanted = st.query_params.get("name")
     index = names.index(wanted) if wanted in names else 0
     name = st.selectbox("Model", names, index=index, key=K("name"))
     st.query_params["name"] = name

@@ -17,21 +17,21 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth
-from app.present import form_rules, new_run_hints
+from app.present import form_rules
 from app.present import text as f
 from app.present.form_schema import errors_by_field, flatten, validate
 from app.services import jobs
-from app.services.artifacts import artifact_root
 from app.services.broker import run_queue
 from app.services.runs import submit
-from app.ui import frame, new_sweep, preflight_view, queries, run_view, spec_form, sweep_fields
+from app.ui import frame, new_sweep, preflight_view, project_context, queries, run_view, spec_form, sweep_fields
+from app.ui import new_run_sources as sources
 from core import catalog
 from core.config import RunSpec, SpecError
 from core.names import PREFLIGHT_OVERFIT_BATCH, PREFLIGHT_OVERFIT_S, PREFLIGHT_OVERFIT_STEPS
 
 K = frame.page_state("nr")
 PRESETS = Path(__file__).resolve().parents[2] / "configs"
-NO_DATASET = "— none (use data.name / data.path) —"
+NO_DATASET = sources.NO_DATASET
 
 
 def load_into_form(spec: dict, source: str, parent: str | None = None) -> None:
@@ -82,97 +82,21 @@ def clone_from_query() -> None:
         return
     del st.query_params["clone"]
     r = queries.run(run_id)
-    if r is None:
+    if r is None or not project_context.may_read(r.project):  # none, or of a project the user may not see: alike
         st.warning(f"no run {f.md_text(repr(run_id))} to clone")
         return
+    project_context.follow(r.project)  # the clone goes to the project of its original
     spec = dict(r.spec)
     spec["name"] = f"{r.name} (clone)"[:200]
     load_into_form(spec, f"clone of {f.md_text(r.name)} ({f.md_text(r.id)})", parent=r.id)
     st.session_state[K("tags")] = ", ".join(r.tags)
 
 
-def dataset_from_query() -> None:
-    """`?dataset=<name>` (a built-in dataset, or an uploaded one that is ready) chooses it, once: the parameter
-    is then dropped, so later reruns keep the user's choice."""
-    name = st.query_params.get("dataset")
-    if not name:
-        return
-    del st.query_params["dataset"]
-    if name in spec_form.by_path("data.name").options and not catalog.is_folder(name):  # built in: chosen as is
-        st.session_state[spec_form.key("data.name")] = name
-        st.session_state[K("dataset")] = NO_DATASET
-    elif any(d.name == name and d.status == "ready" for d in queries.datasets()):
-        st.session_state[K("dataset")] = name
-    else:
-        st.warning(
-            f"No dataset {f.md_text(repr(name))} is ready to train on: choose one below.", icon=":material/dataset:"
-        )
-
-
-def apply_weights(sources: dict[str, new_run_hints.WeightSource]) -> None:
-    """On choosing a run's weights: its best checkpoint, its model and the suggested transfer settings fill the
-    form, and the new run will be linked to it; on clearing it, what the choice filled is undone."""
-    chosen = sources.get(st.session_state.get(K("weights_from")))
-    previous = st.session_state.pop(K("weights_chosen"), None)  # (run id, checkpoint path) it filled in
-    if previous is not None:
-        run_id, path = previous
-        if st.session_state.get(spec_form.key("model.weights_file")) == path:
-            spec_form.fill({"model": {"weights_file": None, "transfer": "scratch", "unfreeze_at_epoch": None}})
-        if st.session_state.get(K("parent")) == run_id:
-            st.session_state[K("parent")] = None
-    if chosen is None or chosen.path is None:
-        return
-    spec_form.fill(new_run_hints.suggestion(chosen))
-    st.session_state[K("parent")] = chosen.run.id
-    st.session_state[K("weights_chosen")] = (chosen.run.id, str(chosen.path))
-
-
-def weights_picker() -> None:
-    root = artifact_root()
-    sources = {s.run.id: s for s in new_run_hints.weight_sources(queries.engine(), root)}
-    st.selectbox(
-        "Start from a run's weights",
-        list(sources),
-        key=K("weights_from"),
-        index=None,
-        placeholder="a finished run…",
-        format_func=lambda i: sources[i].label() if i in sources else i,
-        on_change=apply_weights,
-        args=(sources,),
-        help="A finished run's best checkpoint becomes model.weights_file (its model too), and the new "
-        "run is linked to it.",
-    )
-    chosen = sources.get(st.session_state.get(K("weights_from")))
-    if chosen is not None and chosen.path is None:
-        st.warning(
-            f"The best checkpoint of {f.md_text(chosen.run.name)} is only in the object store: the weights "
-            f"must be on this host (under {f.md_text(root)}) to start from them.",
-            icon=":material/cloud:",
-        )
-    elif chosen is not None:
-        st.caption(
-            f"Starts from the best checkpoint of {f.md_text(chosen.run.name)}, and the new run is linked to "
-            f"it. {new_run_hints.SUGGESTION_NOTE}"
-        )
-
-
-def dataset_picker() -> None:
-    ready = [d for d in queries.datasets() if d.status == "ready"]
-    options = [NO_DATASET] + [d.name for d in ready]
-    st.selectbox(
-        "Uploaded dataset",
-        options,
-        key=K("dataset"),
-        help="An ImageFolder dataset uploaded on the Datasets page: sets data.name="
-        f"{catalog.FOLDER_DATASET} and data.path to its stored folder.",
-    )
-
-
 def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
     values, bad = spec_form.read()
     chosen = st.session_state.get(K("dataset"), NO_DATASET)
     if chosen != NO_DATASET:
-        stored = next((d for d in queries.datasets() if d.name == chosen), None)
+        stored = sources.chosen_dataset()
         if stored is not None:
             values["data"]["name"], values["data"]["path"] = catalog.FOLDER_DATASET, stored.uri
     spec, errors = validate(values)
@@ -185,7 +109,7 @@ def read_spec() -> tuple[RunSpec | None, dict[str, list[str]], list[str]]:
 def owner_and_tags() -> tuple[str, list[str]]:
     tags = [t.strip() for t in st.session_state.get(K("tags"), "").split(",") if t.strip()]
     # Team mode: the run belongs to whoever is signed in, whatever the form says.
-    owner = auth.current_user().id if auth.team_mode() else (st.session_state.get(K("owner")) or "local")
+    owner = project_context.acting().id if auth.team_mode() else (st.session_state.get(K("owner")) or "local")
     return owner, tags
 
 
@@ -200,8 +124,9 @@ def launch(spec: RunSpec, slots: dict) -> None:
             tags=tags,
             parent_id=st.session_state.get(K("parent")),
             engine=queries.engine(),
+            project=project_context.project(),
         )
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, auth.PermissionDenied) as e:
         if isinstance(e, SpecError):  # a path the run may not read, a field out of bounds
             spec_form.show_errors(slots, errors_by_field(list(e.errors))[0])
         st.error(f.md_text(e, multiline=True), icon=":material/error:")
@@ -258,8 +183,8 @@ def choosers(shown: Callable[[str], bool], slots: dict) -> None:
     wait for a button)."""
     fields = [spec_form.by_path(p) for p in form_rules.CHOOSERS if shown(p)]
     items = [lambda x=x: new_sweep.draw_field(x, slots) for x in fields]
-    items.insert(1, dataset_picker)
-    items.insert(3, weights_picker)
+    items.insert(1, sources.dataset_picker)
+    items.insert(3, sources.weights_picker)
     with st.container(border=True):
         st.markdown("**What to train**")
         st.caption("These choices shape the form below: each section shows the fields that matter for them.")
@@ -315,10 +240,10 @@ def form(shown: Callable[[str], bool], values: dict):
 def hints_line(values: dict) -> None:
     """Before Launch: which worker takes the run, and its memory and time as in similar finished runs."""
     values = dict(values)
-    stored = next((d for d in queries.datasets() if d.name == st.session_state.get(K("dataset"))), None)
+    stored = sources.chosen_dataset()
     if stored is not None:
         values["data.path"] = stored.uri
-    h = new_run_hints.hints(queries.engine(), values)
+    h = sources.hints(values)
     parts = [f.md_text(x.describe()) for x in (h.memory, h.time) if x is not None]
     if h.workers.served:  # it names the workers and their hosts: as text
         st.info("\n\n".join([f.md_text(h.workers.text), *parts]), icon=":material/info:")
@@ -336,18 +261,32 @@ def unused_but_invalid(by_field: dict[str, list[str]], shown: Callable[[str], bo
     ]
 
 
+def viewer_only() -> bool:
+    """A viewer of the current project launches nothing in it: it is said instead of the form."""
+    if project_context.may_contribute():
+        return False
+    st.info(
+        f"You are a viewer of project {f.md_text(project_context.project())}: its members launch runs and "
+        "sweeps in it. A maintainer of the project can make you a member (see the Project page).",
+        icon=":material/visibility:",
+    )
+    return True
+
+
 def main() -> None:
     st.title("New run")
+    if viewer_only():
+        return
     if spec_form.ensure_defaults():
         forget_form()
     if auth.team_mode():
-        st.session_state[K("owner")] = auth.current_user().describe()  # shown, not editable (not the key)
+        st.session_state[K("owner")] = project_context.acting().describe()  # shown, not editable (not the key)
     else:
         st.session_state.setdefault(K("owner"), os.environ.get("USER") or "local")
     st.session_state.setdefault(K("tags"), "")
     st.session_state.setdefault(K("overfit"), True)
     clone_from_query()
-    dataset_from_query()
+    sources.dataset_from_query()
     presets_bar()
     new_sweep.yaml_bar(load_into_form)
     if st.session_state.get(K("source")):

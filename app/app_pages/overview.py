@@ -1,20 +1,22 @@
-"""Overview: the team's runs at a glance. Every running and recently finished run of everyone (owner,
-progress, ETA, worker and device, the objective, a small curve of loss and objective), diagnosis findings
-at the top, and the queue with each run's position and who can take it. Only the live part refreshes
+"""Overview: the current project's runs at a glance. Every running and recently finished run of the project
+(owner, progress, ETA, worker and device, the objective, a small curve of loss and objective), diagnosis findings
+at the top, and the whole queue with each run's position and who can take it (a run of a project the viewer may
+not see holds its place there unnamed). Only the live part refreshes
 (a fragment, every overview_view.REFRESH_S seconds), in place, whatever the number of runs."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app.ui import frame
+from app.present import text as f
+from app.ui import frame, project_context
 from app.ui import overview_view as ov
 
 K = frame.page_state("overview")
 
 
-def live(window: str) -> None:
-    s = ov.snapshot(ov.WINDOWS[window])
+def live(window: str, project: str) -> None:
+    s = ov.snapshot(ov.WINDOWS[window], project, project_context.visible())
     ov.counts(s, window)
     ov.attention_panel(s)
     ov.running_panel(s)
@@ -31,8 +33,11 @@ def main() -> None:
     window = left.selectbox(
         "Finished within", list(ov.WINDOWS), index=list(ov.WINDOWS).index(ov.DEFAULT_WINDOW), key=K("window")
     )
-    st.caption(f"Everyone's runs, refreshed every {ov.REFRESH_S:g} s.")
-    st.fragment(live, run_every=ov.REFRESH_S)(window)
+    project = project_context.project()
+    st.caption(
+        f"Everyone's runs in project {f.md_text(project)}, and the whole queue; refreshed every {ov.REFRESH_S:g} s."
+    )
+    st.fragment(live, run_every=ov.REFRESH_S)(window, project)
 
 
 main()

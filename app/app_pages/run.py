@@ -20,6 +20,7 @@ from app.ui import (
     lr_finder_view,
     predict_view,
     preprocessing_view,
+    project_context,
     queries,
     run_charts,
     run_files,
@@ -38,10 +39,11 @@ FED_CHECK_S = 10.0
 
 def pick_run() -> None:
     st.title("Run")
-    recent = queries.runs_page(limit=100).runs
+    recent = queries.runs_page(limit=100, project=project_context.project()).runs
     if not recent:
         st.info("No runs yet: launch one from the **New run** page.", icon=":material/info:")
-        st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
+        if project_context.may_contribute():
+            st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
     chosen = st.selectbox(
         "Open a run", recent, format_func=f.run_label, index=None, key=K("pick"), placeholder="choose a recent run…"
@@ -68,17 +70,24 @@ def header(r) -> None:
 
 
 def buttons(r) -> None:
-    user = auth.current_user()
-    mine = auth.can_modify(user, r)  # cancel, tags and notes: owner or admin only (the service refuses the others too)
+    """The run's actions: a viewer of its project compares and follows it; a member also clones, re-runs and repeats
+    it, and cancels, tags and annotates their own; a maintainer (or an admin) does that to anyone's (the service
+    refuses the others too)."""
+    user = project_context.acting()
+    mine = auth.can_modify(user, r)
+    member = project_context.may_contribute(r.project)
     wanted = (
-        (["cancel"] if not r.finished else [])
-        + ["clone"]
-        + (["rerun"] if r.finished else [])
-        + ["compare", "seeds", "follow"]
+        (["cancel"] if member and not r.finished else [])
+        + (["clone"] if member else [])
+        + (["rerun"] if member and r.finished else [])
+        + ["compare"]
+        + (["seeds"] if member else [])
+        + ["follow"]
         + (["organise"] if mine else [])
     )
     cols = dict(zip(wanted, st.columns([1] * len(wanted) + [max(7 - len(wanted), 1)])[: len(wanted)], strict=True))
-    why = None if mine else f"only {f.md_text(owner_label(r.owner, queries.engine()))} or an admin may cancel it"
+    owner = f.md_text(owner_label(r.owner, queries.engine()))
+    why = None if mine else f"only {owner}, a maintainer of project {f.md_text(r.project)} or an admin may cancel it"
     if "cancel" in cols and cols["cancel"].button(
         "Cancel", icon=":material/stop_circle:", key=K("cancel"), disabled=not mine, help=why
     ):
@@ -89,26 +98,27 @@ def buttons(r) -> None:
         else:
             queries.clear()
             st.rerun()
-    if cols["clone"].button("Clone", icon=":material/content_copy:", key=K("clone")):
+    if "clone" in cols and cols["clone"].button("Clone", icon=":material/content_copy:", key=K("clone")):
         st.switch_page(frame.NEW, query_params={"clone": r.id})
     if "rerun" in cols and cols["rerun"].button("Re-run", icon=":material/replay:", key=K("rerun")):
         try:
             new = rerun(r.id, owner=user.id, engine=queries.engine())
-        except (RuntimeError, ValueError) as e:
+        except (RuntimeError, ValueError, auth.PermissionDenied) as e:
             st.error(f.md_text(e, multiline=True))
         else:
             queries.clear()
             frame.open_run(new.id)
     if cols["compare"].button("Compare…", icon=":material/compare_arrows:", key=K("compare")):
         st.switch_page(frame.COMPARE, query_params={"ids": r.id})
-    run_view.repeat_with_seeds(r, cols["seeds"])
+    if "seeds" in cols:
+        run_view.repeat_with_seeds(r, cols["seeds"])
     follow_button(r, user, cols["follow"])
     if "organise" in cols and (refused := organise(r, user, cols["organise"])):
         st.error(f.md_text(refused), icon=":material/error:")
 
 
 def follow_button(r, user: auth.User, container) -> None:
-    """Follow or unfollow the run (anyone may follow any run): on every page, the sidebar then says when it ends."""
+    """Follow or unfollow the run (anyone who may see it): on every page, the sidebar then says when it ends."""
     following = any(row.run_id == r.id for row in frame.followed_runs())
     label, icon = ("Unfollow", ":material/notifications_off:") if following else ("Follow", ":material/notifications:")
     if not container.button(
@@ -163,7 +173,7 @@ def organise(r, user: auth.User, container) -> str | None:
 
 
 def live_status(run_id: str, was_active: bool) -> None:
-    r = queries.run(run_id, fresh=True)
+    r = readable(run_id, fresh=True)
     if r is None:
         st.warning("This run was deleted.")
         return
@@ -192,8 +202,8 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
     # While live, the run's record may be a moment old: the status fragment notices the end and reruns the page.
     # Fed by the live route, the charts rerun only when their frame asks (the run ended, a grant expired).
     fed = live and route.served()
-    r = queries.run(run_id, fresh=fed or not live)
-    if r is None:
+    r = readable(run_id, fresh=fed or not live)
+    if r is None:  # gone (or its project no longer readable): no grant for its live feed
         return
     if fed and r.finished:
         st.rerun()  # the whole page once more: artifacts, export, static charts
@@ -224,7 +234,7 @@ def _feed(run_id: str, xmode: str, smoothing: float) -> dict[str, str] | None:
 
 
 def live_details(run_id: str) -> None:
-    r = queries.run(run_id, fresh=True)
+    r = readable(run_id, fresh=True)
     if r is None:
         return
     events = run_view.EventLog.of(r.id)
@@ -237,15 +247,32 @@ def live_details(run_id: str) -> None:
         run_view.events_panel(events)
 
 
+def readable(run_id: str, fresh: bool = False):
+    """The run, or None when there is none or the acting user may not see its project (the page, its live parts
+    and the grants of its live charts show nothing of it then)."""
+    r = queries.run(run_id, fresh=fresh)
+    return r if r is not None and project_context.may_read(r.project) else None
+
+
+def opened(run_id: str):
+    """The run `?id=` names, its project then the current one (a shared link works); None, saying so, when there is
+    none or it is of a project the user may not read (the same words)."""
+    r = readable(run_id, fresh=True)
+    if r is None:
+        st.error(f"No run {f.md_text(repr(run_id))}: it may have been deleted.", icon=":material/error:")
+        st.page_link(frame.RUNS, label="All runs", icon=":material/table_rows:")
+        return None
+    project_context.follow(r.project)
+    return r
+
+
 def main() -> None:
     run_id = st.query_params.get("id")
     if not run_id:
         pick_run()
         return
-    r = queries.run(run_id, fresh=True)
+    r = opened(run_id)
     if r is None:
-        st.error(f"No run {f.md_text(repr(run_id))}: it may have been deleted.", icon=":material/error:")
-        st.page_link(frame.RUNS, label="All runs", icon=":material/table_rows:")
         return
     active = not r.finished
     every = queries.REFRESH_S if active else None

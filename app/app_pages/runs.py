@@ -3,17 +3,16 @@ actions on the selected rows. Rows of running runs refresh live."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import auth
 from app.present import text as f
 from app.services import runs as run_service
 from app.services.owners import owner_labels
-from app.ui import frame, queries, run_units
+from app.ui import frame, project_context, queries, run_units, runs_table
 from app.ui.runs_table import COLUMNS, frame_of
 from db import repo
-from db.types import RUN_STATUSES, RunRecord
+from db.types import DEFAULT_PROJECT, RUN_STATUSES, RunRecord
 
 K = frame.page_state("runs")
 SORTS = {
@@ -41,7 +40,7 @@ def show_flash() -> None:
 def filters() -> tuple[dict, bool]:
     """The list's filters (those of queries.runs_page) and whether rows are grouped. Each lives in the URL too
     (`?status=`, `?tag=`, `?owner=`, `?search=`, `?sweep=`, `?q=`): a link opens the same view."""
-    owners, tags = queries.owners_and_tags()
+    owners, tags = queries.owners_and_tags(project_context.project())
     labels = owner_labels(owners, engine=queries.engine())  # names, not `<issuer>#<subject>` keys
     from_url("status", K("status"), lambda raw: [s for s in (raw or "").split(",") if s in RUN_STATUSES])
     from_url("tag", K("tag"), lambda raw: raw if raw in tags else None)
@@ -128,10 +127,12 @@ def expression_filter(col) -> str | None:
 
 
 def sweep_filter(col) -> str | None:
-    """The Sweep filter, kept in the URL (`?sweep=<id>`): a link opens the Runs page filtered to that sweep."""
-    sweeps = {s.id: s for s in queries.sweeps()}
+    """The Sweep filter (the current project's sweeps), kept in the URL (`?sweep=<id>`): a link opens the Runs page
+    filtered to that sweep."""
+    project = project_context.project()
+    sweeps = {s.id: s for s in queries.sweeps(project)}
     wanted = st.query_params.get("sweep") or None
-    if wanted and wanted not in sweeps and (found := queries.sweep(wanted)) is not None:
+    if wanted and wanted not in sweeps and (found := queries.sweep(wanted)) is not None and found.project == project:
         sweeps[wanted] = found  # older than the newest sweeps listed
     if st.session_state.get(K("sweep_url"), "") != wanted:  # a link or the back button changed the URL
         st.session_state[K("sweep_url")] = wanted
@@ -162,7 +163,7 @@ def sweep_filter(col) -> str | None:
 
 def table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     """The page's rows; returns the selected runs."""
-    page = queries.runs_page(**query, limit=limit, offset=offset)
+    page = queries.runs_page(**query, limit=limit, offset=offset, project=project_context.project())
     st.caption(f"{page.total:,} run(s) match · showing {offset + 1 if page.runs else 0:,}–{offset + len(page.runs):,}")
     df = frame_of(page.runs)
     state = st.dataframe(
@@ -179,49 +180,20 @@ def table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     return [page.runs[i] for i in rows if i < len(page.runs)]
 
 
-MEMBERS_SHOWN = 500  # runs listed under a selected sweep or seed group
-GROUP_COLUMNS = {
-    **COLUMNS,
-    "kind": st.column_config.TextColumn("kind", width="small"),
-    "size": st.column_config.TextColumn("runs", help="A sweep's trials and runs, a seed group's runs"),
-    "best": st.column_config.TextColumn(
-        "best",
-        help="A run's best monitored metric; a seed group's as mean ± std "
-        "(n); a sweep's best completed trial (mean over its seeds)",
-    ),
-}
-
-
-def grouped_rows(members: run_units.Members) -> pd.DataFrame:
-    sweeps = members.sweeps
-    owners = {r.owner for runs in members.runs.values() for r in runs} | {s.owner for s in sweeps.values()}
-    labels = owner_labels(owners, engine=queries.engine())
-    rows = []
-    for u, runs in members.runs.items():
-        if u.kind == run_units.SWEEP:
-            sweep = sweeps[u.id]  # unit_members left out a sweep that is gone
-            rows.append(run_units.sweep_row(sweep, runs, u.runs, labels.get(sweep.owner, sweep.owner)))
-        elif u.kind == run_units.GROUP:
-            rows.append(run_units.group_row(u.id, runs, u.runs, labels.get(runs[0].owner, runs[0].owner)))
-        else:
-            rows.append(run_units.run_row(runs[0], labels.get(runs[0].owner, runs[0].owner)))
-    return pd.DataFrame(rows, columns=run_units.COLUMNS)
-
-
 def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     """One row per sweep, seed group and other run; the selected rows' runs are listed below and selected."""
-    page = queries.units_page(**query, limit=limit, offset=offset)
-    members = queries.unit_members(page.units)  # each row's runs: a sweep's, a seed group's (all of them), the run
+    page = queries.units_page(**query, limit=limit, offset=offset, project=project_context.project())
+    members = queries.unit_members(page.units)  # each row's runs (a sweep's, a seed group's: all of them; the run)
     units = list(members.runs)
     st.caption(
         f"{page.runs:,} run(s) match in {page.total:,} row(s) · showing {offset + 1 if units else 0:,}–"
         f"{offset + len(page.units):,}"
     )
-    df = grouped_rows(members)
+    df = runs_table.grouped_rows(members)
     state = st.dataframe(
         df,
         hide_index=True,
-        column_config=GROUP_COLUMNS,
+        column_config=runs_table.GROUP_COLUMNS,
         on_select="rerun",
         width="stretch",
         selection_mode="multi-row",
@@ -231,40 +203,50 @@ def grouped_table(query: dict, offset: int, limit: int) -> list[RunRecord]:
     picked = [units[i] for i in (state.selection.rows if state is not None else []) if i < len(units)]
     for u in picked:
         if u.kind != run_units.RUN:
-            expand(u, members.runs[u], df.iloc[units.index(u)])
+            runs_table.expand(u, members.runs[u], df.iloc[units.index(u)], K(f"members.{u.id}"))
     return [r for u in picked for r in members.runs[u]]
 
 
-def expand(u, runs: list[RunRecord], row) -> None:
-    with st.expander(
-        f"{f.md_text(row['kind'])} {f.md_text(row['name'])}: {len(runs)} run(s)",
-        expanded=True,
-        icon=":material/unfold_more:",
-    ):
-        shown = runs[:MEMBERS_SHOWN]
-        st.dataframe(
-            frame_of(tuple(shown)),
-            hide_index=True,
-            column_config=COLUMNS,
-            width="stretch",
-            key=K(f"members.{u.id}"),
-            height=min(38 + 35 * len(shown), 420),
-        )
-        if len(runs) > len(shown):
-            st.caption(f"the first {len(shown)} of {len(runs)} runs; filter by the sweep to page through them all")
+MODIFY_RULE = (
+    "only a run's owner (a member of its project), a maintainer of the project or an admin may cancel or delete it"
+)
 
 
 def action_bar(selected: list[RunRecord]) -> None:
+    """The actions on the selected runs: a viewer of the project opens and compares them; a member also re-runs,
+    clones, and cancels and deletes their own; a maintainer cancels and deletes anyone's."""
     n = len(selected)
-    cols = st.columns(6)
     ids = [r.id for r in selected]
-    user = auth.current_user()
-    mine = [r for r in selected if auth.can_modify(user, r)]  # cancel and delete: owner or admin only
-    others = "only a run's owner or an admin may cancel or delete it" if len(mine) < n else None
-    if cols[0].button("Open", disabled=n != 1, icon=":material/open_in_new:", key=K("open"), width="stretch"):
+    names = (
+        ["open"] + (["cancel", "rerun", "clone", "delete"] if project_context.may_contribute() else []) + ["compare"]
+    )
+    cols = dict(zip(names, st.columns(6)))
+    if cols["open"].button("Open", disabled=n != 1, icon=":material/open_in_new:", key=K("open"), width="stretch"):
         frame.open_run(ids[0])
+    if "cancel" in cols:
+        modify_buttons(selected, cols)
+    if "rerun" in cols and cols["rerun"].button(
+        "Re-run", disabled=n == 0, icon=":material/replay:", key=K("rerun"), width="stretch"
+    ):
+        rerun(selected)
+    if "clone" in cols and cols["clone"].button(
+        "Clone", disabled=n != 1, icon=":material/content_copy:", key=K("clone"), width="stretch"
+    ):
+        st.switch_page(frame.NEW, query_params={"clone": ids[0]})
+    if cols["compare"].button(
+        "Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"
+    ):
+        st.switch_page(frame.COMPARE, query_params={"ids": ",".join(ids)})
+
+
+def modify_buttons(selected: list[RunRecord], cols: dict) -> None:
+    """Cancel and Delete, enabled when the acting user may do it to every selected run (the service refuses the
+    others too)."""
+    user = project_context.acting()
+    mine = [r for r in selected if auth.can_modify(user, r)]
+    others = MODIFY_RULE if len(mine) < len(selected) else None
     active = [r for r in mine if not r.finished]
-    if cols[1].button(
+    if cols["cancel"].button(
         "Cancel", disabled=not active, icon=":material/stop_circle:", key=K("cancel"), width="stretch", help=others
     ):
         done = 0
@@ -272,18 +254,14 @@ def action_bar(selected: list[RunRecord]) -> None:
             try:
                 run_service.cancel(r.id, engine=queries.engine(), by=user)
                 done += 1
-            except auth.PermissionDenied as e:  # an admin list changed since the page was drawn
+            except auth.PermissionDenied as e:  # a role changed since the page was drawn
                 flash(f.md_text(e), "error")
         queries.clear()
         flash(f"cancel requested for {done} run(s)")
         st.rerun()
-    if cols[2].button("Re-run", disabled=n == 0, icon=":material/replay:", key=K("rerun"), width="stretch"):
-        rerun(selected)
-    if cols[3].button("Clone", disabled=n != 1, icon=":material/content_copy:", key=K("clone"), width="stretch"):
-        st.switch_page(frame.NEW, query_params={"clone": ids[0]})
-    if cols[4].button(
+    if cols["delete"].button(
         "Delete",
-        disabled=n == 0 or len(mine) < n,
+        disabled=not selected or len(mine) < len(selected),
         icon=":material/delete:",
         key=K("delete"),
         width="stretch",
@@ -291,14 +269,13 @@ def action_bar(selected: list[RunRecord]) -> None:
     ):
         st.session_state[K("confirm")] = {r.id: f.run_label(r) for r in selected}  # id → what to call it
         st.rerun()  # the confirmation lives outside this fragment
-    if cols[5].button("Compare", disabled=n < 2, icon=":material/compare_arrows:", key=K("compare"), width="stretch"):
-        st.switch_page(frame.COMPARE, query_params={"ids": ",".join(ids)})
 
 
 def rerun(selected: list[RunRecord]) -> None:
     try:
-        new = [run_service.rerun(r.id, owner=auth.current_user().id, engine=queries.engine()) for r in selected]
-    except (RuntimeError, ValueError) as e:
+        owner = project_context.acting().id
+        new = [run_service.rerun(r.id, owner=owner, engine=queries.engine()) for r in selected]
+    except (RuntimeError, ValueError, auth.PermissionDenied) as e:
         flash(f.md_text(e, multiline=True), "error")
     else:
         flash(f"queued {len(new)} new run(s): {', '.join(r.id for r in new)}")
@@ -319,7 +296,7 @@ def confirm_delete() -> None:
         )
         a, b, _ = st.columns([1, 1, 4])
         if a.button("Delete permanently", type="primary", key=K("confirm_yes")):
-            user = auth.current_user()
+            user = project_context.acting()
             refused = [
                 msg for run_id in ids if (msg := run_service.refused_removal(run_id, by=user, engine=queries.engine()))
             ]
@@ -334,29 +311,35 @@ def confirm_delete() -> None:
             st.rerun()
 
 
+def no_runs_yet(project: str) -> None:
+    if not project_context.may_contribute():
+        st.info(f"Project {f.md_text(project)} has no runs yet.", icon=":material/info:")
+        return
+    cli = " or `torchdeck submit configs/digits_simple_cnn.yaml`" if project == DEFAULT_PROJECT else ""
+    st.info(f"No runs yet. Configure one on the **New run** page{cli}.", icon=":material/info:")
+    st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
+
+
 def main() -> None:
     st.title("Runs")
     show_flash()
     query, grouped = filters()
     limit = 50
-    runs_total = queries.runs_page(**query, limit=1).total
+    project = project_context.project()
+    runs_total = queries.runs_page(**query, limit=1, project=project).total
     if runs_total == 0 and not any(query[k] for k in ("status", "tag", "owner", "text", "sweep_id", "expression")):
-        st.info(
-            "No runs yet. Configure one on the **New run** page, or `torchdeck submit configs/digits_simple_cnn.yaml`.",
-            icon=":material/info:",
-        )
-        st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
+        no_runs_yet(project)
         return
     unit_query = {k: v for k, v in query.items() if k != "expression"}  # grouped only without an expression
-    total = queries.units_page(**unit_query, limit=1).total if grouped else runs_total
+    total = queries.units_page(**unit_query, limit=1, project=project).total if grouped else runs_total
     pages = max(1, -(-total // limit))
     page_no = st.pagination(pages, key=K("page")) if pages > 1 else 1
     offset = (min(page_no, pages) - 1) * limit
     if grouped:
-        units = queries.units_page(**unit_query, limit=limit, offset=offset).units
+        units = queries.units_page(**unit_query, limit=limit, offset=offset, project=project).units
         shown = [r for runs in queries.unit_members(units).runs.values() for r in runs]
     else:
-        shown = list(queries.runs_page(**query, limit=limit, offset=offset).runs)
+        shown = list(queries.runs_page(**query, limit=limit, offset=offset, project=project).runs)
     live = any(not r.finished for r in shown)
 
     @st.fragment(run_every=max(queries.REFRESH_S, 2.0) if live else None)

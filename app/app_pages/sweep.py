@@ -14,8 +14,9 @@ from app.present import text as f
 from app.present.seed_groups import mean_std_text
 from app.services import sweeps
 from app.services.owners import owner_label
-from app.ui import frame, queries, queue_view
+from app.ui import frame, project_context, queries, queue_view
 from app.ui import sweep_view as sv
+from db.errors import SweepNotFound
 
 K = frame.page_state("sweep")
 CONFIG = {"displaylogo": False}
@@ -23,7 +24,11 @@ CONFIG = {"displaylogo": False}
 
 def list_sweeps() -> None:
     st.title("Sweeps")
-    df = sv.listing()
+    project = project_context.project()
+    df = sv.listing(project)
+    if df.empty and not project_context.may_contribute():
+        st.info(f"Project {f.md_text(project)} has no sweeps yet.", icon=":material/info:")
+        return
     if df.empty:
         st.info(
             "No sweeps yet: on the **New run** page, tick **sweep** beside a numeric or choice field, or "
@@ -32,7 +37,7 @@ def list_sweeps() -> None:
         )
         st.page_link(frame.NEW, label="New run", icon=":material/add_circle:")
         return
-    st.caption(f"{len(df)} sweep(s), newest first")
+    st.caption(f"{len(df)} sweep(s) of project {f.md_text(project)}, newest first")
     cc = st.column_config
     st.dataframe(
         df,
@@ -74,8 +79,10 @@ def header(v: sweeps.SweepView) -> None:
 
 
 def cancel_button(v: sweeps.SweepView) -> None:
-    """Only its owner or an admin may cancel a sweep: for anyone else the service refuses, and says why."""
-    if v.sweep.finished:
+    """Its owner (a member of its project), a maintainer of the project or an admin cancels a sweep: the others
+    see no button (and the service refuses them, saying why)."""
+    user = project_context.acting()
+    if v.sweep.finished or not auth.can_modify(user, v.sweep):
         return
     if st.button(
         "Cancel sweep",
@@ -84,7 +91,7 @@ def cancel_button(v: sweeps.SweepView) -> None:
         help="End the sweep: no new trial starts, its queued and running runs are cancelled.",
     ):
         try:
-            sweeps.cancel_sweep(v.sweep.id, by=auth.current_user(), engine=queries.engine())
+            sweeps.cancel_sweep(v.sweep.id, by=user, engine=queries.engine())
         except auth.PermissionDenied as e:
             st.error(f.md_text(e), icon=":material/lock:")
             return
@@ -132,7 +139,7 @@ def best_panel(v: sweeps.SweepView) -> None:
             key=K("best_seeds"),
             help="1: one new run; more: a seed group (base seed, +1, …) shown as mean ± std.",
         )
-        if right.button(
+        if project_context.may_contribute(v.sweep.project) and right.button(
             "Launch the best configuration", icon=":material/rocket_launch:", key=K("launch_best"), width="stretch"
         ):
             launch_best(v, int(seeds))
@@ -152,8 +159,8 @@ def best_panel(v: sweeps.SweepView) -> None:
 
 def launch_best(v: sweeps.SweepView, seeds: int) -> None:
     try:
-        runs = sweeps.launch_best(v.sweep.id, owner=auth.current_user().id, seeds=seeds, engine=queries.engine())
-    except (RuntimeError, ValueError) as e:
+        runs = sweeps.launch_best(v.sweep.id, owner=project_context.acting().id, seeds=seeds, engine=queries.engine())
+    except (RuntimeError, ValueError, auth.PermissionDenied) as e:
         st.error(f.md_text(e, multiline=True), icon=":material/error:")
         return
     queries.clear()
@@ -233,16 +240,26 @@ def spec_panel(v: sweeps.SweepView) -> None:
         st.code(text, language="yaml")
 
 
+def readable(sweep_id: str) -> bool:
+    """Whether the sweep exists and the acting user may see its project."""
+    try:
+        sweeps.readable_sweep(sweep_id, by=project_context.acting(), engine=queries.engine())
+    except SweepNotFound:
+        return False
+    return True
+
+
 def main() -> None:
     sweep_id = st.query_params.get("id")
     if not sweep_id:
         list_sweeps()
         return
-    v = sv.view(sweep_id)
-    if v is None:
+    v = sv.view(sweep_id) if readable(sweep_id) else None
+    if v is None:  # none, or of a project the user may not read: the same words
         st.error(f"No sweep {f.md_text(repr(sweep_id))}: it may have been deleted.", icon=":material/error:")
         st.page_link(frame.SWEEP, label="All sweeps", icon=":material/tune:")
         return
+    project_context.follow(v.sweep.project)  # a shared link opens the sweep's project
     running = not v.sweep.finished
     if running:  # a refreshed fragment fades while it reruns; nothing in it is out of date meanwhile
         st.html("<style>[data-stale='true']{opacity:1 !important;transition:none !important}</style>")

@@ -1,5 +1,6 @@
 """Workers: who is alive (heartbeat age), their devices and utilisation, what each is running, the queue with
-each queued run's position, and the global alert rules."""
+each queued run's position, and the global alert rules. The workers and the queue are every project's: a run of a
+project the viewer may not see is listed unnamed and unlinked."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from app.present import text as f
 from app.services import queue_words
 from app.services.broker import is_alive
 from app.services.owners import owner_labels
-from app.ui import alerts_view, frame, overview_view, queries
+from app.ui import alerts_view, frame, overview_view, project_context, queries
 from db.types import WorkerRecord
 
 K = frame.page_state("workers")
@@ -28,7 +29,9 @@ def devices_text(w: WorkerRecord) -> str:
     return ", ".join(out) or "–"
 
 
-def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
+def workers_frame(workers: list[WorkerRecord], hidden: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """One row per worker; the run it runs linked, unless it is one of `hidden` (of a project the viewer may not
+    see: the queue's "who can take it" still says the worker is busy)."""
     rows = []
     now = f.now()
     for w in workers:
@@ -42,7 +45,7 @@ def workers_frame(workers: list[WorkerRecord]) -> pd.DataFrame:
                 "queues": ", ".join(w.queues),
                 "devices": devices_text(w),
                 "heartbeat age": f.seconds(age),
-                "current run": f"run?id={w.current_run_id}" if w.current_run_id else None,
+                "current run": f"run?id={run}" if (run := w.current_run_id) and run not in hidden else None,
                 "up since": w.started_at,
             }
         )
@@ -59,7 +62,7 @@ def live() -> None:
         )
     else:
         st.dataframe(
-            workers_frame(workers),
+            workers_frame(workers, hidden_runs([w.current_run_id for w in workers if w.current_run_id])),
             hide_index=True,
             width="stretch",
             placeholder=f.EMPTY,
@@ -73,8 +76,10 @@ def live() -> None:
     if not wait.runs:
         st.caption("The queue is empty.")
         return
-    owners = owner_labels((r.owner for r in wait.runs), engine=queries.engine())
-    table, _ = overview_view.queue_table(queries.engine(), wait, owners)  # (the Overview's table: one order)
+    visible = project_context.visible()
+    owners = owner_labels((r.owner for r in wait.runs if visible is None or r.project in visible), queries.engine())
+    # (the Overview's table: one order, every project's runs; those of projects the viewer may not see unnamed)
+    table, _ = overview_view.queue_table(queries.engine(), wait, owners, visible)
     if wait.total > len(wait.runs):
         st.caption(f"The first {len(wait.runs)} of {wait.total} waiting runs, by their place in their queues.")
     st.dataframe(
@@ -83,6 +88,15 @@ def live() -> None:
         width="stretch",
         column_config={"open": st.column_config.LinkColumn("open", display_text="open ↗")},
     )
+
+
+def hidden_runs(run_ids: list[str]) -> set[str]:
+    """Of these runs, those of a project the viewer may not see."""
+    visible = project_context.visible()
+    if visible is None or not run_ids:
+        return set()
+    found = queries.runs_by_id(run_ids)
+    return {i for i in run_ids if i not in found or found[i].project not in visible}
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Alerts in the dashboard: the Run page's section (when and why each rule fired for the run, the rules on it, and a
-rule added by its owner), the Workers page's global rules (admins manage them), and the sidebar's notices. Rules and
+rule added by its owner), the Project page's rules of the project (its maintainers manage them), the Workers page's
+global rules (admins manage them), and the sidebar's notices. Rules and
 who may manage them: app/services/alerts.py; the workers evaluate them (worker/alerts.py)."""
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import streamlit as st
 from app import auth
 from app.present import text as f
 from app.services import alerts
-from app.ui import queries
+from app.ui import project_context, queries
 from db.alerts import ALERT_KINDS
 from db.types import RunRecord
 
-RUN_KINDS = tuple(k for k in ALERT_KINDS if k not in alerts.GLOBAL_ONLY)
+RUN_KINDS = tuple(k for k in ALERT_KINDS if k not in alerts.NO_SINGLE_RUN)
+PROJECT_KINDS = tuple(k for k in ALERT_KINDS if k not in alerts.GLOBAL_ONLY)
 NOTICES_LISTED = 3  # alert notices linked in the sidebar; the toasts tell each new one once
 NOTICES_SEEN = "alerts.seen"  # session state: the ids of the firings already toasted
 
@@ -44,7 +46,7 @@ def run_section(r: RunRecord) -> None:
             st.dataframe(firings_frame(fired), hide_index=True, width="stretch")
         else:
             st.caption("No alert fired for this run.")
-        user = auth.current_user()
+        user = project_context.acting()
         rules = alerts.list_rules(r.id, queries.engine())
         may = auth.can_modify(user, r)
         _rules_list([x for x in rules if x.run_id == r.id], user, "run", may)
@@ -55,9 +57,9 @@ def run_section(r: RunRecord) -> None:
 def global_section() -> None:
     """The global rules, for the Workers page: listed for everyone, managed by admins."""
     st.subheader("Alerts")
-    user = auth.current_user()
+    user = project_context.acting()
     admin = user is not None and user.is_admin
-    rules = [x for x in alerts.list_rules(None, queries.engine()) if x.run_id is None]
+    rules = [x for x in alerts.list_rules(None, queries.engine()) if x.scope == "global"]
     st.caption(
         "Rules every worker checks every few seconds; what fires is posted to TORCHDECK_WEBHOOK_URL and shown "
         "here, on the run's page and in the sidebar." + ("" if admin else " Only an admin manages global rules.")
@@ -65,6 +67,24 @@ def global_section() -> None:
     _rules_list(rules, user, "global", admin)
     if admin:
         _add_form(user, None, ALERT_KINDS, "global")
+
+
+def project_section(name: str) -> None:
+    """The project's rules (on its runs and sweeps), for the Project page: listed for whoever sees the project,
+    managed by its maintainers and admins."""
+    user = project_context.acting()
+    may = project_context.role(name) in ("maintainer", "admin")
+    rules = [x for x in alerts.list_rules(None, queries.engine(), project=name) if x.project == name]
+    st.caption(
+        "Rules on this project's runs and sweeps, checked by every worker; what fires is posted to "
+        "TORCHDECK_WEBHOOK_URL and told to whoever made the rule."
+        + ("" if may else " Only the project's maintainers manage its rules.")
+    )
+    if not rules:
+        st.caption("No rule on this project yet.")
+    _rules_list(rules, user, "project", may)
+    if may:
+        _add_form(user, None, PROJECT_KINDS, "project", name)
 
 
 def _rules_list(rules, user, where: str, may: bool) -> None:
@@ -76,7 +96,7 @@ def _rules_list(rules, user, where: str, may: bool) -> None:
             st.rerun()
 
 
-def _add_form(user, run_id: str | None, kinds: tuple[str, ...], where: str) -> None:
+def _add_form(user, run_id: str | None, kinds: tuple[str, ...], where: str, project: str | None = None) -> None:
     with st.form(f"alerts.{where}.add"):
         kind = st.selectbox(
             "Alert when",
@@ -102,6 +122,7 @@ def _add_form(user, run_id: str | None, kinds: tuple[str, ...], where: str) -> N
         (int(epochs) or None) if kind == "stalled" else None,
         (minutes or None) if kind in ("stalled", "data_wait", "worker_silent", "queued") else None,
         cooldown,
+        project,
     )
     try:
         made = alerts.add_rule(user, rule, queries.engine())
@@ -126,7 +147,7 @@ def sidebar_notices(since: datetime, run_page: str) -> None:
     """The firings since `since` the acting person should hear of (theirs: runs they follow; an admin's: all), each
     toasted once, the newest linked to their run."""
     try:
-        rows = alerts.notices(auth.current_user(), since, queries.engine())
+        rows = alerts.notices(project_context.acting(), since, queries.engine())
     except Exception:  # noqa: BLE001 - a database hiccup must not break every page's sidebar
         return
     seen = st.session_state.setdefault(NOTICES_SEEN, set())

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import auth
 from app.present import figures
 from app.present import test_scores as ts
 from app.present import text as f
 from app.services import evaluations
 from app.services.owners import owner_labels
 from app.services.predict import verified_onnx
-from app.ui import queries
+from app.ui import project_context, queries
 from db.evaluations import EvaluationRecord
 from db.types import RunRecord
 
@@ -42,7 +41,7 @@ def show(r: RunRecord) -> None:
 
 
 def _form(r: RunRecord) -> None:
-    names = [c.name for c in evaluations.choices(queries.engine())]
+    names = [c.name for c in evaluations.choices(queries.engine(), by=project_context.acting())]
     done_key = f"run.evaluate_done.{r.id}"
     with st.form(f"run.evaluate.{r.id}", border=True):
         st.markdown("**Evaluate** — score the verified ONNX export on another dataset")
@@ -56,7 +55,7 @@ def _form(r: RunRecord) -> None:
         go = st.form_submit_button("Evaluate", icon=":material/fact_check:")
     if go and dataset:
         with st.spinner(f"Scoring the export on {f.md_text(dataset)} on a jobs worker…"):
-            record, message = evaluations.evaluate(r.id, dataset, by=auth.current_user(), engine=queries.engine())
+            record, message = evaluations.evaluate(r.id, dataset, by=project_context.acting(), engine=queries.engine())
         st.session_state[done_key] = (record is not None, message)
     if done_key in st.session_state:
         ok, message = st.session_state.pop(done_key)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
-from app import auth
 from app.present.text import STATUS_ICON, code_span, md_text, status_label
 from app.services.broker import broker_url, engine_for
-from app.ui import alerts_view, queries
+from app.ui import alerts_view, project_context, queries
 from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES
 from core.redact import redact
 from db.migrate import check_schema
@@ -45,8 +45,10 @@ PAGES = (
     PageInfo("app_pages/artifact.py", "Artifact", ":material/download:", "artifact", "Experiments", hidden=True),
     PageInfo("app_pages/workers.py", "Workers", ":material/memory:", "workers", "Resources"),
     PageInfo("app_pages/datasets.py", "Datasets", ":material/folder_zip:", "datasets", "Resources"),
+    PageInfo("app_pages/project.py", "Project", ":material/group_work:", "project", "Resources"),
 )
-OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, MODELS, ARTIFACT, WORKERS, DATASETS = (p.path for p in PAGES)
+OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, MODELS, ARTIFACT, WORKERS, DATASETS, PROJECT = (p.path for p in PAGES)
+PROJECT_URL = "project"  # the Project page's url_path: the one page shown to someone in no project yet
 
 
 def navigation(root: Path) -> dict[str, list]:
@@ -87,19 +89,25 @@ def schema_ok() -> bool:
 
 
 @st.cache_data(ttl=3, show_spinner=False)
-def _active_counts(url: str) -> tuple[int, int]:
+def _active_counts(url: str, project: str) -> tuple[int, int]:
     from db.repo import list_runs
 
     e = engine_for(url)
-    return list_runs(e, status="running", limit=1).total, list_runs(e, status=list(CLAIMABLE_STATUSES), limit=1).total
+    running = list_runs(e, status="running", project=project, limit=1).total
+    return running, list_runs(e, status=list(CLAIMABLE_STATUSES), project=project, limit=1).total
 
 
-def sidebar() -> None:
+def sidebar(project: str | None) -> DeltaGenerator:
+    """The sidebar: the current project's active runs, where the data lives, the followed runs and the alerts.
+    Returns the place of the project switcher, drawn after the page (project_switcher): a page that opens a run
+    of another project switches to it first."""
     with st.sidebar:
         st.markdown("### :material/local_fire_department: torchdeck")
-        if _schema_problem(queries.db_url()) is None:
-            running, queued = _active_counts(queries.db_url())
-            st.caption(f"{running} running · {queued} queued")
+        slot = st.container()
+        if _schema_problem(queries.db_url()) is None and project is not None:
+            running, queued = _active_counts(queries.db_url(), project)
+            where = "" if project_context.only_project() else f" in {md_text(project)}"
+            st.caption(f"{running} running · {queued} queued{where}")
         url = queries.db_url()
         st.caption(
             f"database: {code_span(redact(url.split('///')[-1] if url.startswith('sqlite') else url.split('@')[-1]))}"
@@ -108,9 +116,15 @@ def sidebar() -> None:
         if _schema_problem(queries.db_url()) is None and followed_runs():
             st.fragment(_follow_panel, run_every=FOLLOW_EVERY_S)()
         st.session_state.setdefault(FOLLOW_SINCE, utcnow())  # this session hears of what happens from now on
-        watched = auth.current_user() is not None and alerts_view.watching(queries.db_url())
+        watched = project_context.acting() is not None and alerts_view.watching(queries.db_url())
         if _schema_problem(queries.db_url()) is None and watched:
             st.fragment(_alert_panel, run_every=FOLLOW_EVERY_S)()
+    return slot
+
+
+def project_switcher(slot: DeltaGenerator) -> None:
+    """The project switcher at the top of the sidebar (app/ui/project_context.py), once the page has run."""
+    project_context.switcher(slot)
 
 
 # Followed runs: the sidebar polls them this often (seconds) and tells, once, when one ends.
@@ -121,14 +135,17 @@ FOLLOW_SHOWN = 8  # followed runs listed in the sidebar; the others are counted
 
 
 def followed_runs() -> list[FollowedRun]:
-    """The runs the acting person follows (nobody signed in, or an unreadable database: none)."""
-    user = auth.current_user()
+    """The runs the acting person follows and may still see (nobody signed in, or an unreadable database: none):
+    someone taken off a project no longer hears of its runs."""
+    user = project_context.acting()
     if user is None:
         return []
     try:
-        return followed(queries.engine(), user.id)
+        rows = followed(queries.engine(), user.id)
+        found = queries.runs_by_id([row.run_id for row in rows]) if rows else {}
     except Exception:  # noqa: BLE001 - a database hiccup must not break every page's sidebar
         return []
+    return [row for row in rows if row.run_id in found and project_context.may_read(found[row.run_id].project)]
 
 
 def note_followed(run_id: str, status: str | None) -> None:

@@ -11,7 +11,7 @@ import streamlit as st
 from app import auth
 from app.present import text as f
 from app.services import image_cache as cache
-from app.ui import frame
+from app.ui import frame, project_context
 
 K = frame.page_state("imgcache")
 
@@ -103,7 +103,7 @@ def section() -> None:
         f"at {f.code_span(root)} ({cache.ENV}). {_where()}"
     )
     st.dataframe(_table(entries), hide_index=True, width="stretch")
-    user = auth.current_user()
+    user = project_context.acting()
     if not cache.can_remove(user):
         st.caption("Only an admin may remove image cache entries.")
         return

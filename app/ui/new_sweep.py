@@ -16,11 +16,12 @@ from typing import Any
 import streamlit as st
 from pydantic import ValidationError
 
+from app.auth import PermissionDenied
 from app.present import text as f
 from app.present.form_schema import FormField, set_path
 from app.services import sweeps
 from app.services.broker import run_queue
-from app.ui import frame, queries, run_view, spec_form, sweep_view
+from app.ui import frame, project_context, queries, run_view, spec_form, sweep_view
 from app.ui.sweep_fields import (
     BY_PATH,
     CHOICES,
@@ -234,9 +235,12 @@ def after_form(base: RunSpec | None, sec: Section, slots: dict[str, Any], *, own
 
 
 def launch(spec: SweepSpec, slots: dict[str, Any], *, owner: str, tags: list[str]) -> None:
+    """The sweep, in the current project (the service refuses an owner who is not a member of it)."""
     try:
-        record = sweeps.submit_sweep(spec, owner=owner, name=spec.name, tags=tags, engine=queries.engine())
-    except (RuntimeError, ValueError) as e:
+        record = sweeps.submit_sweep(
+            spec, owner=owner, name=spec.name, tags=tags, engine=queries.engine(), project=project_context.project()
+        )
+    except (RuntimeError, ValueError, PermissionDenied) as e:
         if isinstance(e, SpecError):  # a path the runs may not read
             spec_form.show_errors(slots, place(list(e.errors))[0])
         st.error(f.md_text(e, multiline=True), icon=":material/error:")

@@ -8,6 +8,7 @@ between viewers for a second."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -21,7 +22,7 @@ from app.services.broker import QueueStatus, engine_for, queue_status
 from app.services.owners import owner_labels
 from app.ui import queries
 from core import catalog
-from core.names import FINISHED_STATUSES, TRAIN_LOSS, queue_of
+from core.names import CLAIMABLE_STATUSES, FINISHED_STATUSES, TRAIN_LOSS, queue_of
 from db import overview, repo
 from db.queue_order import configured_half_life_s
 from db.types import RunRecord
@@ -32,6 +33,7 @@ WINDOWS = {"1 hour": 3600, "6 hours": 6 * 3600, "24 hours": 24 * 3600, "7 days":
 DEFAULT_WINDOW = "24 hours"
 MAX_RUNNING, MAX_FINISHED, MAX_QUEUED, SHOWN_QUEUED = 500, 100, 1000, 200
 MAX_ATTENTION = 10
+OTHER_RUN = "a run of another project"  # a queued run of a project the viewer may not see: it holds a place
 DEFAULT_OBJECTIVE = "val/loss"  # core.config's default early_stopping.monitor
 
 
@@ -56,7 +58,8 @@ class Snapshot:
     attention: tuple[Attention, ...]
     unserved: tuple[str, ...]  # QueueStatus.message() of each queue with waiting runs and no live worker
     running_total: int
-    queued_total: int
+    queued_total: int  # waiting runs of every project
+    project_queued: int  # waiting runs of the project shown
     finished_more: bool  # more runs finished within the window than shown
 
 
@@ -127,47 +130,11 @@ def finished_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, c
     return pd.DataFrame(rows, columns=FINISHED_COLUMNS)
 
 
-RUNNING_COLUMNS = [
-    "run",
-    "owner",
-    "progress",
-    "ETA",
-    "worker",
-    "device",
-    "objective",
-    "value",
-    "best",
-    "diagnosis",
-    "loss",
-    "objective curve",
-    "open",
-]
-FINISHED_COLUMNS = [
-    "run",
-    "owner",
-    "status",
-    "finished",
-    "took",
-    "objective",
-    "value",
-    "best",
-    "diagnosis",
-    "loss",
-    "objective curve",
-    "open",
-]
-QUEUED_COLUMNS = [
-    "position",
-    "queue",
-    "run",
-    "owner",
-    "status",
-    "why",
-    "starts in",
-    "waiting",
-    "who can take it",
-    "open",
-]
+_RUN_TAIL = ["objective", "value", "best", "diagnosis", "loss", "objective curve", "open"]
+RUNNING_COLUMNS = ["run", "owner", "progress", "ETA", "worker", "device", *_RUN_TAIL]
+FINISHED_COLUMNS = ["run", "owner", "status", "finished", "took", *_RUN_TAIL]
+QUEUED_COLUMNS = ["position", "queue", "run", "project", "owner", "status", "why", "starts in", "waiting"]
+QUEUED_COLUMNS += ["who can take it", "open"]
 
 
 def takers(status: QueueStatus) -> str:
@@ -192,27 +159,31 @@ def queued_frame(
     statuses: dict[str, QueueStatus],
     order: dict[str, repo.QueuedRun],
     typical: dict[str, float] | None = None,
+    visible: Collection[str] | None = None,
 ) -> pd.DataFrame:
     """Each waiting run's position in its own queue, the order a worker takes them (`order`: queue_order's), why,
     and about when it starts (`typical`: each queue's recent run time); lost runs (resumed by their own message)
-    first."""
+    first. Every project's runs hold places; those of a project not in `visible` (None: all are) are listed
+    without their name, owner, project or link, as OTHER_RUN."""
     rows = []
     for r in runs:
         queue = queue_of(r.spec)
         q = order.get(r.id)
-        owner = owners.get(r.owner, r.owner)
+        shown = visible is None or r.project in visible
+        owner = owners.get(r.owner, r.owner) if shown else "its owner"
         rows.append(
             {
                 "position": q.position if q else None,
                 "queue": queue,
-                "run": r.name,
-                "owner": owner,
+                "run": r.name if shown else OTHER_RUN,
+                "project": r.project if shown else "",
+                "owner": owner if shown else "",
                 "status": f.status_label(r.status),
                 "why": why(q, owner),
                 "starts in": _starts_in(q, len(statuses[queue].workers), (typical or {}).get(queue)),
                 "waiting": f.seconds(f.age_s(r.created_at)),
                 "who can take it": takers(statuses[queue]),
-                "open": f"run?id={r.id}",
+                "open": f"run?id={r.id}" if shown else None,
             }
         )
     rows.sort(key=lambda row: (row["queue"], row["position"] or 0))
@@ -230,12 +201,13 @@ def _starts_in(q: repo.QueuedRun | None, workers: int, typical_s: float | None) 
 
 
 def queue_table(
-    engine: Engine, wait: repo.Waiting, owners: dict[str, str]
+    engine: Engine, wait: repo.Waiting, owners: dict[str, str], visible: Collection[str] | None = None
 ) -> tuple[pd.DataFrame, dict[str, QueueStatus]]:
-    """queued_frame of the waiting runs (repo.waiting: the Overview and Workers pages), and the status of each of
-    their queues."""
+    """queued_frame of the waiting runs (repo.waiting: the Overview and Workers pages), those of projects not in
+    `visible` unnamed, and the status of each of their queues."""
     statuses = {q: queue_status(q, engine=engine) for q in sorted({queue_of(r.spec) for r in wait.runs})}
-    return queued_frame(wait.runs, owners, statuses, wait.places, repo.typical_run_s(engine, statuses)), statuses
+    typical = repo.typical_run_s(engine, statuses)
+    return queued_frame(wait.runs, owners, statuses, wait.places, typical, visible), statuses
 
 
 def waiting(engine: Engine, limit: int = SHOWN_QUEUED) -> repo.Waiting:
@@ -259,11 +231,21 @@ def attention(runs: list[RunRecord], found: dict[str, overview.Findings]) -> tup
     return tuple(sorted(out, key=lambda a: (a.level != "error", a.status != "running", -order[a.run_id])))
 
 
-def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapshot:
-    """Everything one refresh shows, from the database (no cache)."""
+def load(
+    engine: Engine,
+    window_s: float,
+    now: datetime | None = None,
+    *,
+    project: str | None = None,
+    visible: Collection[str] | None = None,
+) -> Snapshot:
+    """Everything one refresh shows, from the database (no cache): the running and recently finished runs of
+    `project` (None: of all), and the whole queue, its runs of projects not in `visible` unnamed (None: none)."""
     now = now or f.now()
-    running = repo.list_runs(engine, status="running", sort="started_at", limit=MAX_RUNNING)
-    done = repo.list_runs(engine, status=list(FINISHED_STATUSES), sort="finished_at", limit=MAX_FINISHED)
+    running = repo.list_runs(engine, status="running", sort="started_at", limit=MAX_RUNNING, project=project)
+    done = repo.list_runs(
+        engine, status=list(FINISHED_STATUSES), sort="finished_at", limit=MAX_FINISHED, project=project
+    )
     since = now - timedelta(seconds=window_s)
     recent = [r for r in done.runs if r.finished_at is not None and r.finished_at >= since]
     queued = waiting(engine)
@@ -272,8 +254,10 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
     curves = overview.curves(
         engine, [(r.id, key) for r in shown for key in (TRAIN_LOSS, catalog.stored_key(objective(r)))]
     )
-    owners = owner_labels({r.owner for r in [*shown, *queued.runs]}, engine=engine)
-    queued_table, statuses = queue_table(engine, queued, owners)
+    named = [r for r in queued.runs if visible is None or r.project in visible]
+    owners = owner_labels({r.owner for r in [*shown, *named]}, engine=engine)
+    queued_table, statuses = queue_table(engine, queued, owners, visible)
+    waiting_here = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), project=project, limit=1).total
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),
@@ -282,18 +266,20 @@ def load(engine: Engine, window_s: float, now: datetime | None = None) -> Snapsh
         unserved=tuple(s.message() for s in statuses.values() if not s.served),
         running_total=running.total,
         queued_total=queued.total,
+        project_queued=waiting_here,
         finished_more=len(recent) == len(done.runs) and done.total > len(done.runs),
     )
 
 
-@st.cache_data(ttl=1, show_spinner=False, max_entries=16)
-def _snapshot(url: str, window_s: float) -> Snapshot:
-    return load(engine_for(url), window_s)
+@st.cache_data(ttl=1, show_spinner=False, max_entries=64)
+def _snapshot(url: str, window_s: float, project: str, visible: frozenset[str] | None) -> Snapshot:
+    return load(engine_for(url), window_s, project=project, visible=visible)
 
 
-def snapshot(window_s: float) -> Snapshot:
-    """`load`, shared for a second between everyone who has the page open."""
-    return _snapshot(queries.db_url(), window_s)
+def snapshot(window_s: float, project: str, visible: frozenset[str] | None) -> Snapshot:
+    """`load` of `project`, the queue's runs of projects not in `visible` unnamed: shared for a second between
+    everyone who has the page open on that project and sees the same projects."""
+    return _snapshot(queries.db_url(), window_s, project, visible)
 
 
 # --- panels -----------------------------------------------------------------------------------------------------
@@ -315,7 +301,7 @@ def _columns() -> dict:
 def counts(s: Snapshot, window: str) -> None:
     a, b, c, d = st.columns(4)
     a.metric("Running", s.running_total)
-    b.metric("Queued", s.queued_total)
+    b.metric("Queued", s.project_queued)
     c.metric(f"Finished in {window}", f"{len(s.finished)}{'+' if s.finished_more else ''}")
     d.metric("Needing attention", len(s.attention))
 

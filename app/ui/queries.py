@@ -89,6 +89,7 @@ def _runs_page(
     descending: bool,
     limit: int,
     offset: int,
+    project: str | None,
 ) -> RunPage:
     return repo.list_runs(
         engine_for(url),
@@ -97,6 +98,7 @@ def _runs_page(
         owner=owner,
         text=text,
         sweep_id=sweep_id,
+        project=project,
         expression=expression,
         sort=sort,
         descending=descending,
@@ -117,8 +119,10 @@ def runs_page(
     descending: bool = True,
     limit: int = 50,
     offset: int = 0,
+    project: str | None = None,
 ) -> RunPage:
-    """A page of runs; `expression` is a filter expression (db.filters; repo.FilterError when unreadable)."""
+    """A page of runs (of one project, or of all); `expression` is a filter expression (db.filters;
+    repo.FilterError when unreadable)."""
     return _runs_page(
         db_url(),
         tuple(status),
@@ -131,6 +135,7 @@ def runs_page(
         descending,
         limit,
         offset,
+        project,
     )
 
 
@@ -152,6 +157,7 @@ def _units_page(
     descending: bool,
     limit: int,
     offset: int,
+    project: str | None,
 ) -> run_units.UnitPage:
     return run_units.list_units(
         engine_for(url),
@@ -164,6 +170,7 @@ def _units_page(
         descending=descending,
         limit=limit,
         offset=offset,
+        project=project,
     )
 
 
@@ -178,8 +185,10 @@ def units_page(
     descending: bool = True,
     limit: int = 50,
     offset: int = 0,
+    project: str | None = None,
 ) -> run_units.UnitPage:
-    """The Runs page grouped: one row per sweep, per seed group, per other run (app.ui.run_units.UnitPage)."""
+    """The Runs page grouped: one row per sweep, per seed group, per other run (app.ui.run_units.UnitPage), of one
+    project (or of all)."""
     return _units_page(
         db_url(),
         tuple(status),
@@ -191,6 +200,7 @@ def units_page(
         descending,
         limit,
         offset,
+        project,
     )
 
 
@@ -215,9 +225,9 @@ def _unit_members(engine: Engine, units: tuple[run_units.Unit, ...]) -> run_unit
 
 
 @shared(ttl=10)
-def sweeps(engine: Engine) -> list[SweepRecord]:
-    """The newest sweeps (at most 500), newest first."""
-    return repo.list_sweeps(engine)
+def sweeps(engine: Engine, project: str | None = None) -> list[SweepRecord]:
+    """The newest sweeps (at most 500) of one project (or of all), newest first."""
+    return repo.list_sweeps(engine, project=project)
 
 
 @shared(ttl=5)
@@ -241,8 +251,9 @@ def group_runs(engine: Engine, group_id: str) -> list[RunRecord]:
 
 
 @shared(ttl=30)
-def owners_and_tags(engine: Engine) -> tuple[list[str], list[str]]:
-    return repo.owners_and_tags(engine)
+def owners_and_tags(engine: Engine, project: str | None = None) -> tuple[list[str], list[str]]:
+    """The owners and tags of one project's runs (or of all): the Runs page's filter choices."""
+    return repo.owners_and_tags(engine, project=project)
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -327,8 +338,9 @@ def workers(engine: Engine) -> list[WorkerRecord]:
 
 
 @shared(ttl=5)
-def datasets(engine: Engine) -> list[DatasetRecord]:
-    return repo.list_datasets(engine)
+def datasets(engine: Engine, project: str | None = None) -> list[DatasetRecord]:
+    """The uploaded datasets of one project (or of all), by name."""
+    return repo.list_datasets(engine, project=project)
 
 
 def epoch_anchors(run_id: str) -> list[tuple[int, int, float]]:

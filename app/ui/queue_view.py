@@ -1,5 +1,6 @@
 """A queued run's place in its queue on the Run page: its position, why, about when it starts, and its priority,
-which its owner (lower or back to normal) or an admin (any) may change; a running sweep's priority on its page."""
+which its owner (lower or back to normal), a maintainer of its project or an admin (any) may change; a running
+sweep's priority on its page."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from app.present import text as f
 from app.services import queue_place
 from app.services.runs import set_priority
 from app.services.sweeps import set_sweep_priority
-from app.ui import frame, queries
+from app.ui import frame, project_context, queries
 from core.names import PRIORITIES
 from db.errors import RunNotFound, SweepNotFound
 from db.types import RunRecord, SweepRecord
@@ -35,15 +36,16 @@ def place_panel(r: RunRecord) -> None:
         f"(a worker takes the highest priority first, then the person with the least recent GPU time, then the "
         "oldest run)"
     )
-    user = auth.current_user()
+    user = project_context.acting()
     if auth.can_modify(user, r):
         priority_control(r, user)
 
 
 def priority_control(r: RunRecord, user: auth.User) -> None:
-    """The run's priority: its owner may choose low or normal, an admin any (the service refuses the rest)."""
+    """The run's priority: its owner may choose low or normal, a maintainer of its project or an admin any (the
+    service refuses the rest)."""
     current = queue_place.PRIORITY_NAMES.get(r.priority, "normal")
-    admin = user is not None and user.is_admin
+    admin = auth.has_role(user, r.project, "maintainer")
     options = list(PRIORITIES) if admin or current == "high" else ["low", "normal"]
     choice = st.selectbox(
         "Priority",
@@ -51,7 +53,7 @@ def priority_control(r: RunRecord, user: auth.User) -> None:
         index=options.index(current),
         key=K(f"priority.{r.id}"),
         help="Its place in the queue: a worker takes high before normal before low. "
-        + ("" if admin else "Only an admin may raise a run to high."),
+        + ("" if admin else "Only a maintainer of the project or an admin may raise a run to high."),
     )
     if choice == current:
         return
@@ -67,13 +69,13 @@ def priority_control(r: RunRecord, user: auth.User) -> None:
 
 
 def sweep_priority_control(sweep: SweepRecord) -> None:
-    """A running sweep's priority, for its owner (low or normal) or an admin (any): its queued trials move, and the
-    trials it queues later take it."""
-    user = auth.current_user()
+    """A running sweep's priority, for its owner (low or normal), a maintainer of its project or an admin (any): its
+    queued trials move, and the trials it queues later take it."""
+    user = project_context.acting()
     if sweep.finished or not auth.can_modify(user, sweep):
         return
     current = queue_place.PRIORITY_NAMES.get(sweep.priority, "normal")
-    admin = user is not None and user.is_admin
+    admin = auth.has_role(user, sweep.project, "maintainer")
     options = list(PRIORITIES) if admin or current == "high" else ["low", "normal"]
     choice = st.selectbox(
         "Priority of its trials",
@@ -81,7 +83,8 @@ def sweep_priority_control(sweep: SweepRecord) -> None:
         index=options.index(current),
         key=f"sweep.priority.{sweep.id}",
         help="Their place in the queue: a worker takes high before normal before low, then the person with the "
-        "least recent GPU time. " + ("" if admin else "Only an admin may raise a sweep to high."),
+        "least recent GPU time. "
+        + ("" if admin else "Only a maintainer of the project or an admin may raise a sweep to high."),
     )
     if choice == current:
         return

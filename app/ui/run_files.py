@@ -12,7 +12,7 @@ from app.present import text as f
 from app.services import jobs
 from app.services.artifacts import artifact_problem, latest_by_kind
 from app.services.owners import owner_label
-from app.ui import frame, queries
+from app.ui import frame, project_context, queries
 from app.web import downloads
 from core.names import (
     BUNDLE,
@@ -116,7 +116,7 @@ def export_panel(r: RunRecord) -> None:
     or an admin may (jobs.export_now refuses the others; here the form is left out for them, with why)."""
     if r.status not in (*SUCCESS_STATUSES, "cancelled"):
         return
-    user = auth.current_user()
+    user = project_context.acting()
     if not auth.can_modify(user, r):
         owner = f.md_text(owner_label(r.owner, queries.engine()) or "its owner")
         st.caption(

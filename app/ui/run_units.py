@@ -61,8 +61,8 @@ def _size(n: int, matching: int, noun: str) -> str:
 
 
 def compare_link(runs: Sequence[RunRecord], limit: int = 20) -> str:
-    """Compare of a seed group's runs, grouped (Compare shows at most `limit` runs)."""
-    return f"compare?ids={','.join(r.id for r in runs[:limit])}&group=seed"
+    """Compare of a seed group's runs, grouped, in their project (Compare shows at most `limit` runs)."""
+    return f"compare?ids={','.join(r.id for r in runs[:limit])}&group=seed&project={runs[0].project}"
 
 
 def sweep_objective(sweep: SweepRecord) -> tuple[str, str] | None:

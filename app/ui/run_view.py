@@ -10,13 +10,12 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from app import auth
 from app.present import figures
 from app.present import text as f
 from app.services.artifacts import artifact_problem, read_artifact
 from app.services.broker import queue_status, run_queue
 from app.services.runs import spec_of
-from app.ui import error_view, frame, queries, queue_view, run_units
+from app.ui import error_view, frame, project_context, queries, queue_view, run_units
 from core.config import RunSpec
 from core.names import HISTOGRAM_EVENT, SAMPLE_GRID
 from db.types import EventRecord, RunRecord
@@ -127,9 +126,10 @@ CHILDREN_SHOWN = 10
 
 def lineage(r: RunRecord) -> None:
     """Where the run belongs, as links: its parent run, the sweep it is a trial of, its seed group (on Compare,
-    grouped), and the runs made from it (clones, re-runs, seed copies, fine-tunes)."""
+    grouped), and the runs made from it (clones, re-runs, seed copies, fine-tunes): those the user may see."""
     bits = []
-    if r.parent_id and (parent := queries.run(r.parent_id)) is not None:
+    parent = queries.run(r.parent_id) if r.parent_id else None
+    if parent is not None and project_context.may_read(parent.project):
         bits.append(
             f":material/family_history: {relation(parent, r)[0]} [{f.md_text(parent.name)}](run?id={parent.id})"
         )
@@ -141,12 +141,14 @@ def lineage(r: RunRecord) -> None:
     if bits:
         st.caption(" · ".join(bits))
     kids = queries.children(r.id, limit=CHILDREN_SHOWN)
-    if kids.runs:
-        links = ", ".join(f"[{f.md_text(c.name)}](run?id={c.id}) ({relation(r, c)[1]})" for c in kids.runs)
-        more = kids.total - len(kids.runs)
-        every = f"runs?q={quote(f'parent == {r.id}')}"
+    shown = [c for c in kids.runs if project_context.may_read(c.project)]  # a clone may be of another project
+    if shown:
+        links = ", ".join(f"[{f.md_text(c.name)}](run?id={c.id}) ({relation(r, c)[1]})" for c in shown)
+        total = kids.total if len(shown) == len(kids.runs) else len(shown)
+        more = total - len(shown)
+        every = f"runs?q={quote(f'parent == {r.id}')}&project={quote(r.project)}"
         st.caption(
-            f":material/account_tree: {kids.total} run(s) made from this one: {links}"
+            f":material/account_tree: {total} run(s) made from this one: {links}"
             + (f" and [{more} more]({every})" if more > 0 else "")
         )
 
@@ -189,7 +191,7 @@ def repeat_with_seeds(r: RunRecord, container) -> None:
         from app.services import sweeps  # the sweep package (and Optuna) only once someone repeats a run
 
         try:
-            new = sweeps.repeat_with_seeds(r.id, k, owner=auth.current_user().id, engine=queries.engine())
+            new = sweeps.repeat_with_seeds(r.id, k, owner=project_context.acting().id, engine=queries.engine())
         except (RuntimeError, ValueError) as e:
             st.error(f.md_text(e, multiline=True))
             return

@@ -72,10 +72,10 @@ def _estimate(url: str, spec_json: str) -> sweeps.Estimate:
 
 
 @st.cache_data(ttl=5, show_spinner=False)
-def _listing(url: str, limit: int) -> list[dict[str, Any]]:
+def _listing(url: str, limit: int, project: str) -> list[dict[str, Any]]:
     engine = engine_for(url)
     rows = []
-    for s in repo.list_sweeps(engine, limit=limit):
+    for s in repo.list_sweeps(engine, limit=limit, project=project):
         state = control.load_state(engine, s)
         outcomes = control.outcomes(state)
         best = control.best(state)
@@ -96,9 +96,9 @@ def _listing(url: str, limit: int) -> list[dict[str, Any]]:
     return rows
 
 
-def listing(limit: int = 200) -> pd.DataFrame:
-    """The sweeps, newest first: name, owner, status, trials done/total, best objective, a link to each."""
-    rows = _listing(queries.db_url(), limit)
+def listing(project: str, limit: int = 200) -> pd.DataFrame:
+    """The project's sweeps, newest first: name, owner, status, trials done/total, best objective, a link to each."""
+    rows = _listing(queries.db_url(), limit, project)
     owners = owner_labels((r["owner"] for r in rows), engine=queries.engine())
     rows = [{**r, "owner": owners.get(r["owner"], r["owner"])} for r in rows]
     return pd.DataFrame(

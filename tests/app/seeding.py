@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 
 from core.config import RunSpec
 from db import repo
-from db.types import EventInput, MetricPoint
+from db.types import DEFAULT_PROJECT, EventInput, MetricPoint
 from tests._servers import free_port  # noqa: F401 - a port no other xdist worker is handed (test_secrets)
 
 DIGITS = {
@@ -33,12 +33,13 @@ def seed_run(
     lr: float = 0.001,
     val_acc: float = 0.9,
     fingerprint: str | None = None,
+    project: str = DEFAULT_PROJECT,
 ) -> repo.RunRecord:
-    """A run in any state, with `steps` per-step points and `epochs` per-epoch points (and, when it ended, its
-    dataset's `fingerprint` in its summary, as core/train.py records it)."""
+    """A run in any state (of `project`), with `steps` per-step points and `epochs` per-epoch points (and, when it
+    ended, its dataset's `fingerprint` in its summary, as core/train.py records it)."""
     s = {**DIGITS, **(spec or {}), "optim": {"lr": lr}}
     s = RunSpec.model_validate(s).model_dump(mode="json")
-    r = repo.create_run(engine, s, name=name, owner=owner, tags=list(tags))
+    r = repo.create_run(engine, s, name=name, owner=owner, tags=list(tags), project=project)
     if status == "queued":
         return repo.get_run(engine, r.id)
     repo.claim_run(engine, r.id, "w1", device="cpu")

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from core.config import RunSpec
 from db import repo
-from db.types import MetricPoint, SweepRecord
+from db.types import DEFAULT_PROJECT, MetricPoint, SweepRecord
 from sweep import control
 from sweep.spec import SweepSpec
 
@@ -124,10 +124,12 @@ def seed_sweep(
     seeds: int = 1,
     trials: int | None = None,
     then_running: bool = False,
+    project: str = DEFAULT_PROJECT,
     **spec,
 ) -> Played:
-    """A grid over three learning rates, played to its end (trials=None) or until `trials` trials are over."""
+    """A grid over three learning rates (in `project`), played to its end (trials=None) or until `trials` trials are
+    over."""
     played = Played(engine, "")
-    record = control.create(engine, sweep_spec(seeds, **spec), owner=owner, send=played, name=name)
+    record = control.create(engine, sweep_spec(seeds, **spec), owner=owner, send=played, name=name, project=project)
     played.sweep_id = record.id
     return played.play(trials, then_running=then_running)

@@ -203,7 +203,7 @@ def test_many_children_link_to_the_runs_page_filtered_to_them(page, engine):
     at = page("run.py", id=base.id)
     kids = next(c.value for c in at.caption if "made from this one" in c.value)
     assert kids.count("](run?id=") == 10 and "12 run(s)" in kids
-    assert f"and [2 more](runs?q={quote(f'parent == {base.id}')})" in kids
+    assert f"and [2 more](runs?q={quote(f'parent == {base.id}')}&project=default)" in kids
     at = page("runs.py", q=f"parent == {base.id}")
     assert len(_table(at)) == 12 and "base" not in list(_table(at)["name"])
 

@@ -174,7 +174,7 @@ def test_runs_page_groups_sweeps_and_seed_groups_and_lists_a_rows_runs(page, eng
     assert rows["run"]["name"] == "lone" and rows["run"]["status"] == "pruned"
     assert rows["seed group"]["name"] == "base" and rows["seed group"]["size"] == "3 runs"
     assert rows["seed group"]["best"] == "val/acc 0.9200 ± 0.0200 (n=3)"
-    assert rows["seed group"]["open"] == f"compare?ids={','.join(r.id for r in group)}&group=seed"
+    assert rows["seed group"]["open"] == f"compare?ids={','.join(r.id for r in group)}&group=seed&project=default"
     assert rows["sweep"]["name"] == "lr-search" and rows["sweep"]["size"] == "2 trials · 4 runs"
     assert rows["sweep"]["best"] == "val/acc 0.9600 ± 0.0141 (n=2) · trial 1"
     assert rows["sweep"]["open"] == f"sweep?id={sweep.id}"
@@ -255,7 +255,7 @@ def test_run_page_links_its_sweep_and_seed_group(page, engine):
     at = page("run.py", id=runs[2].id)
     lineage = next(c.value for c in at.caption if "of sweep" in c.value)
     assert f"[trial 1 of sweep lr-search](sweep?id={sweep.id})" in lineage
-    assert f"seed group of 2 runs](compare?ids={runs[2].id},{runs[3].id}&group=seed)" in lineage
+    assert f"seed group of 2 runs](compare?ids={runs[2].id},{runs[3].id}&group=seed&project=default)" in lineage
 
 
 def test_repeat_with_three_seeds_queues_two_runs_in_the_runs_group(page, engine, broker):
@@ -286,7 +286,8 @@ def test_names_are_shown_as_their_text_in_links_legends_and_expanders(page, engi
     at = page("run.py", id=runs[0].id)
     view = shown(next(c.value for c in at.caption if "of sweep" in c.value))
     links = [attrs["href"] for tag, attrs in view.tags if tag == "a"]
-    assert links == [f"sweep?id={sweep.id}", f"compare?ids={runs[0].id},{runs[1].id}&group=seed"]  # ours only
+    compare = f"compare?ids={runs[0].id},{runs[1].id}&group=seed&project=default"  # a link opens its project
+    assert links == [f"sweep?id={sweep.id}", compare]  # ours only
     assert not view.has("img") and not view.has("b") and f"trial 0 of sweep {name}" in view.text
     at = page("compare.py", ids=",".join(r.id for r in runs), group="sweep")
     legend = [t["name"] for t in plotly_figures(at)["val/acc"]["data"] if t.get("fill") != "toself"]

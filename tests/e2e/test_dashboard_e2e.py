@@ -175,7 +175,7 @@ def download_onnx(page, tmp_path: Path) -> Path:
 
 def export_now(page) -> None:
     """'Export now' re-exports the finished run in a subprocess; the new TorchScript file is listed."""
-    box = widget(page, "run.export_fmt." + page.url.split("id=")[1]).locator("input")
+    box = widget(page, "run.export_fmt." + page.url.split("id=")[1].split("&")[0]).locator("input")  # (&project=)
     click_still(page, box)
     box.fill("torchscript")  # next to the ONNX export already there
     box.press("Enter")
