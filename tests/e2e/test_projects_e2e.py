@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from conftest import click_still, serve_ui, settled
 from playwright.sync_api import Error as PlaywrightError
+from test_filter_url_e2e import NAMES_JS  # the Runs table's names, read from its accessible cells
 
 from core.config import RunSpec
 from db import projects, repo
@@ -21,13 +22,6 @@ from db.engine import make_engine
 
 WAIT_S = 90
 pytestmark = pytest.mark.timeout(300)
-NAMES_JS = """() => {
-    for (const t of document.querySelectorAll('table')) {
-        const rows = [...t.querySelectorAll('tr')].map(r => [...r.querySelectorAll('th,td')].map(c => c.textContent));
-        const at = (rows[0] || []).indexOf('name');
-        if (at >= 0 && rows[0].includes('status')) return rows.slice(1).map(r => r[at]);
-    }
-    return null; }"""
 
 
 def _seed(url: str) -> dict[str, str]:
