@@ -45,6 +45,7 @@ def list_runs(
     sweep_id: str | None = None,
     group_id: str | None = None,
     project: str | None = None,
+    source: str | None = None,
     expression: str | None = None,
     sort: str = "created_at",
     descending: bool = True,
@@ -54,8 +55,8 @@ def list_runs(
     """One page of runs matching every filter given, with the total that match.
 
     `sweep_id`, `group_id` and `project` keep a sweep's trials, a seed group's runs, a project's
-    runs. `status` and `tag` take one value or
-    several (any of the statuses; all of the tags). `text` matches a part of the name, of a tag or of the notes
+    runs; `source` those torchdeck runs ("torchdeck") or those scripts log ("mlflow"). `status` and `tag` take one
+    value or several (any of the statuses; all of the tags). `text` matches a part of the name, of a tag or of the notes
     (any case) or the start of the id. `expression` is a filter expression
     (db.filters: `val/acc > 0.9 and optim.lr <= 1e-3`; FilterError when it
     cannot be read). `sort` is a column in SORT_COLUMNS or "metric:<key>";
@@ -73,6 +74,8 @@ def list_runs(
         where.append(Run.group_id == group_id)
     if project is not None:
         where.append(Run.project == project)
+    if source is not None:
+        where.append(Run.source == source)
     page_query = select(Run.__table__).where(*where)
     page_query = _ordered(page_query, sort, descending).limit(limit).offset(offset)
     with connection_scope(engine) as conn:

@@ -106,6 +106,7 @@ class Run(Base):
         Index("ix_run_created_at_id", "created_at", "id"),
         Index("ix_run_queue_order", "status", "queue", "priority", "owner", "created_at"),  # db/queue_order.py
         Index("ix_run_finished_at", "finished_at"),  # and its owners' recent GPU time
+        Index("ix_run_source_status", "source", "status"),  # the reaper's silent scripts
     )
 
     id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
@@ -139,6 +140,9 @@ class Run(Base):
     queue: Mapped[str | None] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     project: Mapped[str] = _project_column()
+    # Who writes it: `torchdeck` (its worker runs its spec) or `mlflow` (a person's own script, through the tracking
+    # endpoint of app/tracking/: no spec, queue or worker; its spec holds the script's params and tags).
+    source: Mapped[str] = mapped_column(String(16), default="torchdeck", server_default="torchdeck")
 
 
 class Sweep(Base):
@@ -348,3 +352,22 @@ import db.alerts  # noqa: E402, F401 - after Base: that module's tables derive f
 import db.evaluations  # noqa: E402, F401 - after Base: that module's table derives from it
 import db.projects  # noqa: E402, F401 - after Base: that module's tables derive from it
 import db.registry_tables  # noqa: E402, F401 - after Base: that module's tables derive from it
+
+
+class ApiToken(Base):
+    """A personal API token (team mode): a script sends it as its bearer token (MLFLOW_TRACKING_TOKEN) to log runs
+    as this person. Only its SHA-256 is kept; whose it is (key, name, verified e-mail, groups) as they were when it
+    was made, so that membership is checked again at every use (app/services/tokens.py)."""
+
+    __tablename__ = "api_token"
+
+    id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    person: Mapped[str] = mapped_column(String(OWNER_LEN), index=True)
+    person_name: Mapped[str] = mapped_column(String(NAME_LEN))
+    email: Mapped[str | None] = mapped_column(String(EMAIL_LEN))
+    groups: Mapped[list[str]] = mapped_column(JSON)
+    label: Mapped[str] = mapped_column(String(NAME_LEN))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

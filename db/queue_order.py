@@ -118,10 +118,10 @@ def _usage(conn: Connection, owners: Iterable[str], *, now: datetime, half_life_
     at = literal(now.timestamp(), Float)
     ended = case((Run.status == "running", at), else_=epoch_s(func.coalesce(Run.finished_at, Run.heartbeat_at)))
     columns = (Run.owner, Run.queue, epoch_s(Run.started_at).label("start"), ended.label("end"))
-    started = Run.started_at.is_not(None)
+    started = (Run.started_at.is_not(None), Run.source == "torchdeck")  # a script's run uses no GPU of the queue
     runs = union_all(
-        select(*columns).where(Run.status.in_(("running", "lost")), started),
-        select(*columns).where(Run.finished_at >= since, Run.status.not_in(("running", "lost")), started),
+        select(*columns).where(Run.status.in_(("running", "lost")), *started),
+        select(*columns).where(Run.finished_at >= since, Run.status.not_in(("running", "lost")), *started),
     ).subquery()
     end = case((runs.c.end > at, at), else_=func.coalesce(runs.c.end, runs.c.start))
     seconds = case((end > runs.c.start, end - runs.c.start), else_=0.0)
@@ -175,7 +175,7 @@ def waiting(
     lines = _ordered(engine, None, now or utcnow(), half_life_s, None)
     places = {q.id: q for line in lines.values() for q in line}
     with connection_scope(engine) as conn:
-        lost = Run.status == "lost"
+        lost = (Run.status == "lost") & (Run.source == "torchdeck")  # a script's lost run waits for nothing
         lost_total = conn.execute(select(func.count()).select_from(Run).where(lost)).scalar_one()
         rows = conn.execute(select(Run.__table__).where(lost).order_by(Run.created_at, Run.id).limit(limit)).all()
         heads = sorted(places.values(), key=lambda q: (q.position, q.created_at, q.id))[: limit - len(rows)]

@@ -75,6 +75,7 @@ def to_record(row: Any, tags: Sequence[str], metrics: Mapping[str, Any]) -> RunR
         notes=row.notes or "",
         priority=row.priority or 0,
         project=row.project,
+        source=row.source,
     )
 
 

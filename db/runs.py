@@ -306,19 +306,20 @@ def stale_runs(engine: Engine, older_than_s: float) -> list[RunRecord]:
     """Running runs whose last heartbeat is older than `older_than_s` seconds."""
     cutoff = utcnow() - timedelta(seconds=older_than_s)
     with connection_scope(engine) as conn:
-        query = select(Run.id).where(Run.status == "running", Run.heartbeat_at < cutoff)
+        query = select(Run.id).where(Run.source == "torchdeck", Run.status == "running", Run.heartbeat_at < cutoff)
         ids = list(conn.execute(query.order_by(Run.heartbeat_at)).scalars())
         found = load_runs(conn, ids)
     return [found[run_id] for run_id in ids if run_id in found]
 
 
 def mark_lost(engine: Engine, older_than_s: float) -> list[str]:
-    """Mark running runs with a stale heartbeat `lost` (claimable again); their ids."""
+    """Mark running runs with a stale heartbeat `lost` (claimable again); their ids. Runs of scripts are not
+    torchdeck's to re-run: db.external.mark_silent."""
     cutoff = utcnow() - timedelta(seconds=older_than_s)
     with session_scope(engine) as session:
         stmt = (
             update(Run)
-            .where(Run.status == "running", Run.heartbeat_at < cutoff)
+            .where(Run.source == "torchdeck", Run.status == "running", Run.heartbeat_at < cutoff)
             .values(status="lost")
             .returning(Run.id)
             .execution_options(synchronize_session=False)
@@ -334,8 +335,9 @@ def unclaimed_runs(engine: Engine, older_than_s: float, limit: int = 10_000) -> 
     query = (
         select(Run.id)
         .where(
+            Run.source == "torchdeck",
             ((Run.status == "queued") & (Run.created_at < cutoff))
-            | ((Run.status == "lost") & (Run.heartbeat_at < cutoff))
+            | ((Run.status == "lost") & (Run.heartbeat_at < cutoff)),
         )
         .order_by(Run.created_at)
         .limit(limit)

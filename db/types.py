@@ -105,10 +105,17 @@ class RunRecord:
     # Its place in its queue while queued: core.names.PRIORITIES' values (db/queue_order.py).
     priority: int = 0
     project: str = DEFAULT_PROJECT
+    # Who writes it: "torchdeck" (a worker runs its spec) or "mlflow" (a person's script, app/tracking/).
+    source: str = "torchdeck"
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+    @property
+    def external(self) -> bool:
+        """Logged by a person's own script (no spec, no worker): resume, clone, exports and tests do not apply."""
+        return self.source != "torchdeck"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The reaper, one of the worker's background duties (worker/tasks.py runs it every reap_every_s): runs whose
-worker died are sent again to resume from their last checkpoint, until max_attempts; runs whose broker message
+worker died are sent again to resume from their last checkpoint, until max_attempts; runs of people's own scripts
+(db/external.py) that fell silent are lost; runs whose broker message
 was lost are sent again; every running sweep is advanced; the alert rules are evaluated (worker/alerts.py). Also
 the supervisor's way back for a run that lost a rank, and the sending of a run to its queue (by task name: a run's
 queue is in its spec).
@@ -14,6 +15,7 @@ import logging
 from sqlalchemy import Engine
 
 from core.names import RUN_QUEUES, RUN_TASK, queue_of
+from db.external import mark_silent
 from db.repo import (
     EventInput,
     RunNotFound,
@@ -50,6 +52,12 @@ def reap(engine: Engine, settings: WorkerSettings | None = None) -> list[str]:
             "its worker stopped heartbeating (crashed, killed or disconnected)",
         ):
             requeued.append(run_id)
+    for run_id in mark_silent(engine, s.script_silent_after_s):
+        said = (
+            f"its script wrote nothing for {s.script_silent_after_s / 60:g} min: lost (killed, or its machine went "
+            "away); it is running again if the script writes again"
+        )
+        append_events(engine, run_id, [EventInput("lifecycle", "warning", said, code="lost")])
     sent = resend_missing(engine, s)
     for sweep in list_sweeps(engine, status=("running",)):
         advance_sweep(engine, sweep.id)  # a worker that died between a trial's end and its advance stalls no sweep

@@ -37,6 +37,12 @@ class WorkerSettings(BaseSettings):
         description="A lost run nobody claimed for this long is sent again "
         "(its first message may never have left a reaper that died).",
     )
+    script_silent_after_s: float = Field(
+        900.0,
+        gt=0,
+        description="A run logged by a person's own script (the MLflow endpoint) is lost when the script wrote "
+        "nothing for this long (killed, or its machine gone); it is running again if the script writes again.",
+    )
     max_attempts: int = Field(3, ge=1, description="A lost run is re-queued until it has been tried this many times.")
     fair_half_life_s: float = Field(
         DEFAULT_HALF_LIFE_S,

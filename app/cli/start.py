@@ -217,7 +217,7 @@ def _requeue_queued(list_runs, spec_of) -> None:
     A run delivered twice still runs once (atomic claim)."""
     from app.services.broker import enqueue, get_engine
 
-    page = list_runs(get_engine(), status=list(CLAIMABLE_STATUSES), limit=1000)
+    page = list_runs(get_engine(), status=list(CLAIMABLE_STATUSES), source="torchdeck", limit=1000)
     for r in page.runs:
         enqueue(r.id, spec_of(r))
 

@@ -156,9 +156,11 @@ def share(engine: Engine, name: str) -> tuple[pd.DataFrame, dict[str, int]]:
     device hours in that time (and what share of the project's); with the project's totals."""
     now = utcnow()
     since = now - timedelta(hours=SHARE_WINDOW_H)
-    waiting = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), project=name, limit=SHARE_RUNS)
-    running = repo.list_runs(engine, status="running", project=name, limit=SHARE_RUNS)
-    done = repo.list_runs(engine, status=list(FINISHED_STATUSES), project=name, sort="finished_at", limit=SHARE_RUNS)
+    # The queue's runs only: a script's run (app/tracking/) takes no place in the queue and none of its devices.
+    ours = {"project": name, "source": "torchdeck", "limit": SHARE_RUNS}
+    waiting = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), **ours)
+    running = repo.list_runs(engine, status="running", **ours)
+    done = repo.list_runs(engine, status=list(FINISHED_STATUSES), sort="finished_at", **ours)
     recent = [r for r in done.runs if r.finished_at is not None and r.finished_at >= since]
     rows: dict[str, dict] = {}
     for kind, runs in (("waiting", waiting.runs), ("running", running.runs), ("finished", recent)):

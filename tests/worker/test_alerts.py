@@ -255,3 +255,18 @@ def test_a_silent_worker_heard_again_clears_and_fires_again_after_the_cooldown(e
     assert evaluate(engine, t0 + 7 * MIN) == []  # silent again, within the cooldown
     (again,) = evaluate(engine, t0 + 12 * MIN)
     assert again.condition.subject == "worker:gpu1@box" and "on box silent for 12 min" in again.condition.reason
+
+
+def test_a_rule_watches_a_scripts_run_as_any_other(engine: Engine) -> None:
+    """A run logged by a person's own script (the MLflow endpoint) is watched by a metric rule, and its silence by
+    none of the queue's rules: it waits for no worker."""
+    from db import external
+
+    script = external.create_run(engine, owner="a", name="train.py")
+    t0 = utcnow()
+    points = [MetricPoint("loss", i, v, None, t0.timestamp() + i) for i, v in enumerate([0.5, 3.5])]
+    external.log(engine, script.id, points=points)
+    rule = store.add_rule(engine, "metric", created_by="a", key="loss", op="above", threshold=3.0)
+    store.add_rule(engine, "queued", created_by="a", minutes=1)
+    fired = evaluate(engine, t0 + 60 * MIN)
+    assert [(f.rule.id, f.condition.subject) for f in fired] == [(rule.id, f"run:{script.id}")]
