@@ -17,7 +17,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import auth
-from app.present import form_rules
+from app.present import external, form_rules
 from app.present import text as f
 from app.present.form_schema import errors_by_field, flatten, validate
 from app.services import jobs
@@ -84,6 +84,9 @@ def clone_from_query() -> None:
     r = queries.run(run_id)
     if r is None or not project_context.may_read(r.project):  # none, or of a project the user may not see: alike
         st.warning(f"no run {f.md_text(repr(run_id))} to clone")
+        return
+    if r.external:  # the params and tags a script logged are no spec
+        st.warning(f"Cannot clone {f.md_text(r.name)}: {external.NO_SPEC}", icon=":material/terminal:")
         return
     project_context.follow(r.project)  # the clone goes to the project of its original
     spec = dict(r.spec)

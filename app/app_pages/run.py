@@ -16,6 +16,7 @@ from app.services.runs import cancel, follow, rerun, set_tags_and_notes, unfollo
 from app.ui import (
     alerts_view,
     evaluations_view,
+    external_view,
     frame,
     lr_finder_view,
     predict_view,
@@ -63,6 +64,8 @@ def header(r) -> None:
     if r.tags:
         bits.append("tags " + ", ".join(f.code_span(t) for t in r.tags))
     st.caption(" · ".join(bits))
+    if r.external:
+        external_view.source_caption(r)  # its script, git commit and user
     run_processes.show(r)  # a run of several processes: its batch per rank and in total, its learning rate
     run_view.lineage(r)  # parent, sweep, seed group and children, as links
     run_view.notes_panel(r)
@@ -76,12 +79,13 @@ def buttons(r) -> None:
     user = project_context.acting()
     mine = auth.can_modify(user, r)
     member = project_context.may_contribute(r.project)
+    ours = member and not r.external  # a script's run: no spec to run again, no worker to stop
     wanted = (
-        (["cancel"] if member and not r.finished else [])
-        + (["clone"] if member else [])
-        + (["rerun"] if member and r.finished else [])
+        (["cancel"] if ours and not r.finished else [])
+        + (["clone"] if ours else [])
+        + (["rerun"] if ours and r.finished else [])
         + ["compare"]
-        + (["seeds"] if member else [])
+        + (["seeds"] if ours else [])
         + ["follow"]
         + (["organise"] if mine else [])
     )
@@ -115,6 +119,8 @@ def buttons(r) -> None:
     follow_button(r, user, cols["follow"])
     if "organise" in cols and (refused := organise(r, user, cols["organise"])):
         st.error(f.md_text(refused), icon=":material/error:")
+    if r.external:
+        external_view.actions_note(r)
 
 
 def follow_button(r, user: auth.User, container) -> None:
@@ -217,6 +223,8 @@ def charts_view(run_id: str, xmode: str, smoothing: float, ncols: int, live: boo
         st.rerun()  # the first points: the whole page once more, its charts then fed by the live route (no timer)
     feed = _feed(r.id, xmode, smoothing) if counts is not None and route.served() else None
     live_charts(charts, columns=ncols, key=K("charts"), feed=feed)  # updated in place: zoom and legend survive
+    if len(more := run_charts.uncharted(r, list(r.metrics))) > run_charts.MAX_OTHER_CHARTS:
+        st.caption(f"{len(more) - run_charts.MAX_OTHER_CHARTS} more metric keys: overlay any of them on Compare.")
     if counts is not None and feed is None:
         last = series.shared(queries.db_url(), r.id).get("train/loss")[0]
         st.caption(f"{len(counts)} metric keys" + (f" · last step {last[-1]}" if last else ""))
@@ -236,6 +244,9 @@ def _feed(run_id: str, xmode: str, smoothing: float) -> dict[str, str] | None:
 def live_details(run_id: str) -> None:
     r = readable(run_id, fresh=True)
     if r is None:
+        return
+    if r.external:  # torchdeck's checks run in its worker
+        external_view.not_applicable("diagnosis")
         return
     events = run_view.EventLog.of(r.id)
     diag, evaluation, log = st.tabs(["Diagnosis", "Evaluation", "Event log"])
@@ -291,9 +302,17 @@ def main() -> None:
     status_every = 5.0 if route.served() else 2.0
     st.fragment(live_status, run_every=max(every, status_every) if every else None)(r.id, active)
     test_view.show(r)  # the held-out test split's scores, once the run has ended
+    run_tabs(r, active, every)
+
+
+def run_tabs(r, active: bool, every: float | None) -> None:
+    """Charts, diagnosis and evaluation, samples, spec (a script's run: its params), artifacts and predictions."""
     # Only the open tab runs (and refreshes): a hidden tab costs nothing, in the server or the browser.
+    spec_label = "Parameters" if r.external else "Spec"  # a script's run: the params and tags it logged
     tabs = st.tabs(
-        ["Charts", "Diagnosis & evaluation", "Samples", "Spec", "Artifacts", "Predict"], key=K("tab"), on_change="rerun"
+        ["Charts", "Diagnosis & evaluation", "Samples", spec_label, "Artifacts", "Predict"],
+        key=K("tab"),
+        on_change="rerun",
     )
     charts_tab, details_tab, samples_tab, spec_tab, files_tab, predict_tab = tabs
     if charts_tab.open is not False:
@@ -308,14 +327,16 @@ def main() -> None:
     if details_tab.open:
         with details_tab:
             st.fragment(live_details, run_every=max(every, 3.0) if every else None)(r.id)
-            evaluations_view.show(r)  # the export scored on other registered datasets, on a jobs worker
+            if not r.external:
+                evaluations_view.show(r)  # the export scored on other registered datasets, on a jobs worker
     if samples_tab.open:
         with samples_tab:
             run_view.samples_panel(r)
     if spec_tab.open:
         with spec_tab:
-            preprocessing_view.show(r)  # whose resize, crop and mean/std the run used
-            run_view.spec_panel(r)
+            if not r.external:
+                preprocessing_view.show(r)  # whose resize, crop and mean/std the run used
+            run_view.spec_panel(r)  # a script's run: its params and tags
     if files_tab.open:
         with files_tab:
             run_files.artifacts_panel(r)

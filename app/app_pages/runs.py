@@ -245,7 +245,7 @@ def modify_buttons(selected: list[RunRecord], cols: dict) -> None:
     user = project_context.acting()
     mine = [r for r in selected if auth.can_modify(user, r)]
     others = MODIFY_RULE if len(mine) < len(selected) else None
-    active = [r for r in mine if not r.finished]
+    active = [r for r in mine if not r.finished and not r.external]  # a script's run is the script's to end
     if cols["cancel"].button(
         "Cancel", disabled=not active, icon=":material/stop_circle:", key=K("cancel"), width="stretch", help=others
     ):

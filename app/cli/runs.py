@@ -192,11 +192,16 @@ def watch(run_id: str, interval: Annotated[float, typer.Option(help="Seconds bet
 def cancel(run_id: str) -> None:
     """Cancel a run: a queued one never starts; a running one stops between steps, checkpoint kept."""
     from app.auth import local_user
+    from app.services.runs import LoggedByScript
     from app.services.runs import cancel as do_cancel
 
     _get(run_id)
-    # A shell with the database's credentials is the operator's: the CLI acts as an admin.
-    run = do_cancel(run_id, engine=_engine(), by=local_user())
+    try:
+        # A shell with the database's credentials is the operator's: the CLI acts as an admin.
+        run = do_cancel(run_id, engine=_engine(), by=local_user())
+    except LoggedByScript as e:  # a run a script logs is the script's to end
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"{run.id}: {'cancelled' if run.status == 'cancelled' else 'cancel requested (' + run.status + ')'}")
 
 

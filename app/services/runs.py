@@ -26,6 +26,24 @@ from db.repo import set_tags as store_tags
 from db.repo import set_tags_and_notes as store_tags_and_notes
 from db.repo import unfollow as unfollow_run
 
+BY_SCRIPT = "was logged by a script through the MLflow client"
+
+
+class LoggedByScript(ValueError):
+    """What torchdeck cannot do to a run a person's script logged (app/tracking/): it has no spec to clone, re-run or
+    resume, and no worker to cancel it."""
+
+    def __init__(self, run_id: str, why: str):
+        super().__init__(f"run {run_id} {BY_SCRIPT}: {why}")
+        self.run_id = run_id
+
+
+NO_SPEC = "it has no spec to clone, re-run or resume"
+NO_CANCEL = (
+    "torchdeck cannot cancel it (no worker of torchdeck's runs it): stop the script, or end the run from it "
+    '(mlflow.end_run("KILLED"))'
+)
+
 
 def submit(
     spec: RunSpec,
@@ -77,9 +95,11 @@ def submit(
 
 def cancel(run_id: str, engine: Engine | None = None, *, by: User) -> RunRecord:
     """A queued run is cancelled at once (its message is refused when delivered); a running one stops between steps.
-    Only the run's owner or an admin may (app.auth.PermissionDenied otherwise)."""
+    Only the run's owner or an admin may (app.auth.PermissionDenied otherwise); a run a script logs is the script's
+    to end (LoggedByScript)."""
     engine = engine or get_engine()
-    _may(by, run_id, "cancel", engine)
+    if _may(by, run_id, "cancel", engine).external:
+        raise LoggedByScript(run_id, NO_CANCEL)
     return request_cancel(engine, run_id)
 
 
@@ -170,9 +190,13 @@ def unfollow(run_id: str, engine: Engine | None = None, *, by: User) -> bool:
 def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
     """Delete a finished run with its rows and its files under the artifact root. Only the run's owner or an
     admin may (app.auth.PermissionDenied otherwise); a run holding a registered model version's files is refused
-    (db.errors.RunRegistered)."""
+    (db.errors.RunRegistered). A script's lost run (the script is gone) is ended as cancelled first."""
     engine = engine or get_engine()
-    _may(by, run_id, "delete", engine)
+    run = _may(by, run_id, "delete", engine)
+    if run.external and run.status == "lost":
+        from db.external import end
+
+        end(engine, run_id, "KILLED")
     uris = delete_run(engine, run_id)
     artifact_store().delete_prefix(f"runs/{run_id}")  # the run's files in the store (local folder or bucket)
     root = artifact_root()
@@ -185,7 +209,7 @@ def remove(run_id: str, engine: Engine | None = None, *, by: User) -> list[str]:
 def rerun(run_id: str, *, owner: str, engine: Engine | None = None) -> RunRecord:
     """The same spec again, as a new queued run of the same project whose parent is the original, owned by whoever
     re-runs it (a re-run is a clone: any member of the project may make one). Through the same gate as any new
-    run (submit)."""
+    run (submit). A run a script logged has no spec to run again (LoggedByScript)."""
     engine = engine or get_engine()
     r = get_run(engine, run_id)
     return submit(
@@ -200,6 +224,8 @@ def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> s
     except PermissionDenied as e:
         return str(e)
     except RunStillActive:
+        if _external(run_id, engine):
+            return f"run {run_id} is still being logged by its script: delete it once the script has ended it"
         return f"run {run_id} is still running: cancel it first"
     except RunRegistered as e:
         return str(e)
@@ -208,5 +234,15 @@ def refused_removal(run_id: str, *, by: User, engine: Engine | None = None) -> s
     return None
 
 
+def _external(run_id: str, engine: Engine | None) -> bool:
+    try:
+        return get_run(engine or get_engine(), run_id).external
+    except RunNotFound:
+        return False
+
+
 def spec_of(run: RunRecord) -> RunSpec:
+    """The run's spec, to run it again (re-run, clone, resume); LoggedByScript for a run a script logged."""
+    if run.external:
+        raise LoggedByScript(run.id, NO_SPEC)
     return RunSpec.model_validate(dict(run.spec))

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.present import figures, test_scores
+from app.present import external, figures, test_scores
 from app.present import text as f
 from app.present.form_schema import flatten
 from app.ui import queries, run_units
@@ -84,9 +84,9 @@ def summary_table(runs: Sequence[RunRecord], metric: str | None = None) -> pd.Da
                 "epochs run": summary.get("epochs_run"),
                 "time (s)": summary.get("wall_time_s") or f.duration_s(r),
                 "parameters": summary.get("parameters"),
-                "model": spec.get("model", {}).get("name"),
-                "data": spec.get("data", {}).get("name"),
-                "lr": spec.get("optim", {}).get("lr"),
+                "model": (spec.get("model") or {}).get("name"),
+                "data": (spec.get("data") or {}).get("name"),
+                "lr": script_lr(r) if r.external else (spec.get("optim") or {}).get("lr"),
             }
         )
     return pd.DataFrame(rows)
@@ -96,13 +96,32 @@ def _cell(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict, tuple)) else str(v)
 
 
+def run_fields(r: RunRecord) -> dict[str, Any]:
+    """A run's fields by dotted name: a spec's (`optim.lr`), or what a script logged (`params.lr`, `tags.team`,
+    `source.script`: app/present/external.py)."""
+    return external.fields(r.spec) if r.external else flatten(dict(r.spec))
+
+
+def _every_field(flat: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The fields of all the runs, in the order they first come (a spec's fields, then a script's params)."""
+    return list(dict.fromkeys(k for x in flat for k in x))
+
+
+def script_lr(r: RunRecord) -> float | None:
+    """The learning rate a script logged as a param (`lr` or `learning_rate`), when it reads as a number."""
+    params = external.params(r.spec)
+    value = external.number(params.get("lr", params.get("learning_rate")))
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def spec_diff(runs: Sequence[RunRecord], differences_only: bool = True) -> pd.DataFrame:
-    """One row per spec field, one column per run."""
-    flat = [flatten(dict(r.spec)) for r in runs]
+    """One row per field (a spec's, a script's param or tag), one column per run; a field a run does not have is
+    shown as a dash."""
+    flat = [run_fields(r) for r in runs]
     labels = _labels(runs)
     rows = []
-    for field in flat[0] if flat else []:
-        values = [_cell(x.get(field)) for x in flat]
+    for field in _every_field(flat):
+        values = [_cell(x[field]) if field in x else f.EMPTY for x in flat]
         if differences_only and len(set(values)) <= 1:
             continue
         rows.append({"field": field, **dict(zip(labels, values, strict=True))})
@@ -117,10 +136,12 @@ def _labels(runs: Sequence[RunRecord]) -> list[str]:
 def varying_hyperparameters(runs: Sequence[RunRecord], limit: int | None = DEFAULT_AXES) -> dict[str, list[Any]]:
     """Spec fields that differ between the runs (the lr when none do), for the parallel coordinates: the first
     `limit` of them (all with None)."""
-    flat = [flatten(dict(r.spec)) for r in runs]
+    flat = [run_fields(r) for r in runs]
     out: dict[str, list[Any]] = {}
-    for field in flat[0] if flat else []:
-        values = [x.get(field) for x in flat]
+    for field in _every_field(flat):
+        if field.startswith(("tags.", "source.")):  # a script's tags and source are no hyperparameters
+            continue
+        values = [external.number(x.get(field)) for x in flat]
         if field != "name" and len({_cell(v) for v in values}) > 1:
             out[field] = [v if isinstance(v, (int, float)) and not isinstance(v, bool) else _cell(v) for v in values]
     if not out and flat:

@@ -71,8 +71,9 @@ def summary_line(data: Mapping[str, Any]) -> str:
 
 
 def show(r: RunRecord) -> None:
-    """Under the Run page's charts, for a run whose spec asked for the test."""
-    if not wants_test(r.spec):
+    """Under the Run page's charts, for a run whose spec asked for the test (a script's run has no spec: its status
+    panel says it had no pre-flight of torchdeck's)."""
+    if r.external or not wants_test(r.spec):
         return
     try:
         event = finder_event(queries.events(r.id, limit=FIRST_EVENTS))

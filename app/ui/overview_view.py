@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy import Engine
 
+from app.present import external as ext
 from app.present import text as f
 from app.services import queue_place
 from app.services.broker import QueueStatus, engine_for, queue_status
@@ -64,7 +65,11 @@ class Snapshot:
 
 
 def objective(r: RunRecord) -> str:
-    """The metric a run is judged on: its early stopping's monitor."""
+    """The metric a run is judged on: its early stopping's monitor; a script's run (no spec): val/loss when it
+    logs it, else the first key it logs."""
+    if r.external:
+        logged = sorted(k for k in r.metrics if k != TRAIN_LOSS)
+        return DEFAULT_OBJECTIVE if DEFAULT_OBJECTIVE in r.metrics or not logged else logged[0]
     es = ((r.spec or {}).get("train") or {}).get("early_stopping") or {}
     return es.get("monitor") or DEFAULT_OBJECTIVE
 
@@ -108,10 +113,11 @@ def running_frame(runs: list[RunRecord], owners: dict[str, str], found: dict, cu
     rows = [
         {
             **_run_row(r, owners, found, curves),
-            "progress": r.progress or 0.0,
+            "progress": None if r.external else r.progress or 0.0,  # a script says nothing of its progress
             "ETA": f.seconds(f.eta_s(r)),
-            "worker": r.worker_id or "–",
-            "device": r.device or "–",
+            # A script's run: logged from wherever its script runs, on no worker of torchdeck's.
+            "worker": ext.SOURCE_LABEL if r.external else r.worker_id or "–",
+            "device": ext.SOURCE_LABEL if r.external else r.device or "–",
         }
         for r in runs
     ]
@@ -257,7 +263,9 @@ def load(
     named = [r for r in queued.runs if visible is None or r.project in visible]
     owners = owner_labels({r.owner for r in [*shown, *named]}, engine=engine)
     queued_table, statuses = queue_table(engine, queued, owners, visible)
-    waiting_here = repo.list_runs(engine, status=list(CLAIMABLE_STATUSES), project=project, limit=1).total
+    waiting_here = repo.list_runs(
+        engine, status=list(CLAIMABLE_STATUSES), project=project, source="torchdeck", limit=1
+    ).total
     return Snapshot(
         running=running_frame(list(running.runs), owners, found, curves),
         finished=finished_frame(recent, owners, found, curves),

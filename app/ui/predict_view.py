@@ -17,7 +17,7 @@ from app.present import text as f
 from app.services import predict
 from app.services.artifacts import ArtifactUnavailable, artifact_root
 from app.services.paths import check_paths
-from app.ui import frame, queries
+from app.ui import external_view, frame, queries
 from core import catalog
 from core.config import RunSpec
 from db.errors import ArtifactNotFound
@@ -36,6 +36,9 @@ def _model(artifact_id: str, sha256: str) -> predict.Model:
 
 
 def show(r: RunRecord) -> None:
+    if r.external:  # no export of torchdeck's to run
+        external_view.not_applicable("predict")
+        return
     onnx, why = predict.verified_onnx(r.status, queries.artifacts(r.id))
     if onnx is None:
         st.info(f.md_text(why), icon=":material/info:")

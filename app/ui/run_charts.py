@@ -74,6 +74,25 @@ def chart_keys(spec: ChartSpec, available: Sequence[str]) -> list[str]:
     return keys
 
 
+MAX_OTHER_CHARTS = 48  # a script's own metric keys drawn one chart each (Compare overlays any of them)
+
+
+def uncharted(r: RunRecord, keys: Sequence[str]) -> list[str]:
+    """A script's metric keys (a run logged through the MLflow client: `loss`, `accuracy`) that none of CHARTS
+    draws; none for torchdeck's runs, whose keys the catalog names."""
+    if not r.external:
+        return []
+    drawn = {k for spec in CHARTS for k in chart_keys(spec, keys)}
+    return [k for k in sorted(keys) if k not in drawn]
+
+
+def chart_specs(r: RunRecord, keys: Sequence[str]) -> tuple[ChartSpec, ...]:
+    """CHARTS, and for a script's run one chart per key they leave out (at most MAX_OTHER_CHARTS)."""
+    titles = {spec.title for spec in CHARTS}
+    other = uncharted(r, keys)[:MAX_OTHER_CHARTS]
+    return (*CHARTS, *(ChartSpec(k if k not in titles else f"{k} (metric)", (k,)) for k in other))
+
+
 def steps_per_epoch(r: RunRecord, last_step: int | None) -> float | None:
     epochs = (r.spec.get("train") or {}).get("epochs")
     if not epochs or not r.progress or not last_step:
@@ -133,7 +152,7 @@ def live_figures(r: RunRecord, xmode: str, smoothing: float) -> tuple[list[Chart
     anchors = live.anchors(engine, (counts.get(n.EPOCH_TIME), counts.get(n.TRAIN_LOSS))) if xmode != "step" else []
     spe = steps_per_epoch(r, anchors[-1][0]) if anchors and xmode == "epoch" else None
     out = []
-    for spec in CHARTS:
+    for spec in chart_specs(r, sorted(counts)):
         keys = chart_keys(spec, sorted(counts))
         if not keys:
             continue
@@ -164,7 +183,7 @@ def _final_figures(url: str, run_id: str, finished_at, xmode: str, smoothing: fl
         s = queries.final_series(r, key, MAX_POINTS)
         return s.steps, s.values
 
-    out = [_chart(r, spec, chart_keys(spec, keys), get, anchors, xmode, smoothing) for spec in CHARTS]
+    out = [_chart(r, spec, chart_keys(spec, keys), get, anchors, xmode, smoothing) for spec in chart_specs(r, keys)]
     return [c for c in out if c is not None]
 
 

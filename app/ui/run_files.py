@@ -12,7 +12,7 @@ from app.present import text as f
 from app.services import jobs
 from app.services.artifacts import artifact_problem, latest_by_kind
 from app.services.owners import owner_label
-from app.ui import frame, project_context, queries
+from app.ui import external_view, frame, project_context, queries
 from app.web import downloads
 from core.names import (
     BUNDLE,
@@ -27,6 +27,7 @@ from core.names import (
 )
 from db.types import RunRecord
 
+FILES_SHOWN = 200  # a script's files listed, by path (each row has its download)
 ARTIFACT_LABELS = {
     CHECKPOINT_BEST: "Best checkpoint (.pt)",
     CHECKPOINT_LAST: "Last checkpoint (.pt)",
@@ -52,6 +53,10 @@ def _report_row(kind: str, meta: dict) -> dict:
 
 
 def artifacts_panel(r: RunRecord) -> None:
+    if r.external:  # the files its script logged, by their paths
+        script_files(r)
+        metrics_downloads(r)
+        return
     every = queries.artifacts(r.id)
     arts = latest_by_kind(every)
     rows = [a for kind, a in arts.items() if kind != SAMPLE_GRID]
@@ -74,6 +79,11 @@ def artifacts_panel(r: RunRecord) -> None:
             with right:
                 downloads.control(a, key=f"run.dl.{a.id}", width="stretch")
     earlier_files(every, arts)
+    metrics_downloads(r)
+
+
+def metrics_downloads(r: RunRecord) -> None:
+    """The run's metrics as CSV and as JSON Lines, built when clicked."""
     csv_col, jsonl_col = st.columns(2)
     csv_col.download_button(
         "Metrics as CSV",
@@ -93,7 +103,41 @@ def artifacts_panel(r: RunRecord) -> None:
     )
 
 
-def earlier_files(every: list, latest: dict) -> None:
+def script_files(r: RunRecord) -> None:
+    """The files a script logged (mlflow.log_artifact), by their relative paths, each with its download and
+    shareable link: the newest file of each path (at most FILES_SHOWN), earlier ones of a path under them."""
+    every = queries.artifacts(r.id)
+    latest = {_path(a): a for a in sorted(every, key=lambda a: a.created_at)}
+    if not latest:
+        st.caption("No files: the script logged none (`mlflow.log_artifact`).")
+        return
+    paths = sorted(latest)
+    for path in paths[:FILES_SHOWN]:
+        a = latest[path]
+        problem = artifact_problem(a)
+        left, right = st.columns([3, 1], vertical_alignment="center")
+        left.markdown(
+            f"{f.code_span(path)} · {f.size(a.size)} · {a.created_at:%Y-%m-%d %H:%M}"
+            + (f" · sha256 {f.code_span(a.sha256[:12])}" if a.sha256 else "")
+        )
+        with left:
+            st.page_link(frame.ARTIFACT, label="Shareable link", query_params={"id": a.id}, icon=":material/link:")
+        if problem is not None:
+            right.caption(f.md_text(problem))
+        else:
+            with right:
+                downloads.control(a, key=f"run.dl.{a.id}", width="stretch")
+    if len(paths) > FILES_SHOWN:
+        st.caption(f"The first {FILES_SHOWN} of {len(paths)} files by path: the MLflow client lists them all.")
+    earlier_files(every, {a.id: a for a in latest.values()}, label=_path)
+
+
+def _path(a) -> str:
+    """A script's file's relative path, as it logged it (its kind when it gave none)."""
+    return str((a.meta or {}).get("path") or a.kind)
+
+
+def earlier_files(every: list, latest: dict, label=None) -> None:
     """Files a later export (or checkpoint) superseded on the list above: they keep their bytes and their
     links, newest first."""
     newest = {a.id for a in latest.values()}
@@ -106,7 +150,8 @@ def earlier_files(every: list, latest: dict) -> None:
                 frame.ARTIFACT,
                 query_params={"id": a.id},
                 icon=":material/link:",
-                label=f"{f.md_text(ARTIFACT_LABELS.get(a.kind, a.kind))} · {a.created_at:%Y-%m-%d %H:%M:%S} · "
+                label=f"{f.md_text(label(a) if label else ARTIFACT_LABELS.get(a.kind, a.kind))} · "
+                f"{a.created_at:%Y-%m-%d %H:%M:%S} · "
                 f"{f.size(a.size)}" + (f" · sha256 {f.md_text(a.sha256[:12])}" if a.sha256 else ""),
             )
 
@@ -114,6 +159,9 @@ def earlier_files(every: list, latest: dict) -> None:
 def export_panel(r: RunRecord) -> None:
     """'Export now' for a finished run, asked of a jobs worker (torch stays out of the UI). Only the run's owner
     or an admin may (jobs.export_now refuses the others; here the form is left out for them, with why)."""
+    if r.external:
+        external_view.not_applicable("export")
+        return
     if r.status not in (*SUCCESS_STATUSES, "cancelled"):
         return
     user = project_context.acting()

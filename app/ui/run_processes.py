@@ -58,8 +58,9 @@ def processes_line(spec: Mapping[str, Any], event: EventRecord | None = None) ->
 
 
 def show(r: RunRecord) -> None:
-    """The line under the Run page's header, for a run of several processes only."""
-    if run_gpus(r.spec) <= 1:
+    """The line under the Run page's header, for a run of several processes only (a script's run has no spec: its
+    status panel says it runs on no worker or GPU of torchdeck's)."""
+    if r.external or run_gpus(r.spec) <= 1:
         return
     try:
         event = distributed_event(queries.events(r.id, limit=FIRST_EVENTS))

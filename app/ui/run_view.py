@@ -15,7 +15,7 @@ from app.present import text as f
 from app.services.artifacts import artifact_problem, read_artifact
 from app.services.broker import queue_status, run_queue
 from app.services.runs import spec_of
-from app.ui import error_view, frame, project_context, queries, queue_view, run_units
+from app.ui import error_view, external_view, frame, project_context, queries, queue_view, run_units
 from core.config import RunSpec
 from core.names import HISTOGRAM_EVENT, SAMPLE_GRID
 from db.types import EventRecord, RunRecord
@@ -76,11 +76,14 @@ def status_panel(r: RunRecord) -> None:
     a.markdown(f"#### {f.status_md(r.status)}")
     p = r.progress or (1.0 if r.status == "completed" else 0.0)
     eta = f.eta_s(r)
-    b.progress(
-        min(max(p, 0.0), 1.0),
-        text=f"{p:.0%} · elapsed {f.seconds(f.duration_s(r))}"
-        + (f" · ETA {f.seconds(eta)}" if eta is not None else ""),
-    )
+    if r.external:  # a script says nothing of its progress
+        b.markdown(external_view.progress_line(r, f.now()))
+    else:
+        b.progress(
+            min(max(p, 0.0), 1.0),
+            text=f"{p:.0%} · elapsed {f.seconds(f.duration_s(r))}"
+            + (f" · ETA {f.seconds(eta)}" if eta is not None else ""),
+        )
     metric, value = f.best(r)
     best_epoch = ((r.summary or {}).get("best") or {}).get("epoch")
     c.metric(
@@ -89,14 +92,18 @@ def status_panel(r: RunRecord) -> None:
         help=f"at epoch {best_epoch}" if best_epoch else None,
     )
     d.caption(
-        f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}"
+        external_view.worker_caption()
+        if r.external
+        else f"worker {f.code_span(r.worker_id or '–')}  \ndevice {f.code_span(r.device or '–')} · attempt {r.attempt}"
     )
-    if r.status == "queued":
+    if r.status == "queued" and not r.external:
         waiting_for(run_queue(spec_of(r)))
         queue_view.place_panel(r)
     if r.degraded:
         st.warning(f"Incomplete record: {f.md_text(r.degraded, multiline=True)}", icon=":material/database_off:")
-    if r.status == "lost":
+    if r.status == "lost" and r.external:  # its script fell silent: nothing re-queues it
+        external_view.lost_warning(r)
+    elif r.status == "lost":
         st.warning(
             "The worker running this run stopped heartbeating; it will be re-queued and resume from its last "
             "checkpoint.",
@@ -326,6 +333,9 @@ def events_panel(events: list[EventRecord]) -> None:
 
 
 def samples_panel(r: RunRecord) -> None:
+    if r.external:
+        external_view.not_applicable("samples")
+        return
     grids = [a for a in queries.artifacts(r.id) if a.kind == SAMPLE_GRID]
     image = None
     if grids and artifact_problem(grids[-1]) is None:
@@ -340,6 +350,9 @@ def samples_panel(r: RunRecord) -> None:
 
 
 def spec_panel(r: RunRecord) -> None:
+    if r.external:  # no spec: the params and tags its script logged
+        external_view.params_panel(r)
+        return
     text = RunSpec.model_validate(dict(r.spec)).to_yaml()
     st.download_button(
         "Download spec (YAML)",

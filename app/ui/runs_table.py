@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from app.present import external as ext
 from app.present import test_scores
 from app.present import text as f
 from app.services.owners import owner_labels
@@ -24,11 +25,11 @@ def frame_of(runs: tuple[RunRecord, ...]) -> pd.DataFrame:
             {
                 "name": r.name,
                 "status": f.status_label(r.status),
-                "progress": r.progress or 0.0,
+                "progress": None if r.external else r.progress or 0.0,  # a script says nothing of its progress
                 "best": f.best_text(r),
                 "test/acc": test_scores.value(r),
                 "owner": owners.get(r.owner, r.owner),
-                "worker": r.worker_id or "",
+                "worker": ext.SOURCE_LABEL if r.external else r.worker_id or "",  # a script's run: no worker
                 "duration": f.seconds(f.duration_s(r)),
                 "tags": list(r.tags),
                 "created": r.created_at,
@@ -47,6 +48,9 @@ COLUMNS = {
         "test/acc", format="%.4f", help="Accuracy on the held-out test split, scored once at the end of the run"
     ),
     "tags": st.column_config.ListColumn("tags"),
+    "worker": st.column_config.TextColumn(
+        "worker", help="The worker that ran it; `script`: logged by a person's script through the MLflow client"
+    ),
     "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
     "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small"),
 }
@@ -77,7 +81,8 @@ def grouped_rows(members: run_units.Members) -> pd.DataFrame:
         elif u.kind == run_units.GROUP:
             rows.append(run_units.group_row(u.id, runs, u.runs, labels.get(runs[0].owner, runs[0].owner)))
         else:
-            rows.append(run_units.run_row(runs[0], labels.get(runs[0].owner, runs[0].owner)))
+            row = run_units.run_row(runs[0], labels.get(runs[0].owner, runs[0].owner))
+            rows.append({**row, "kind": f"{row['kind']} ({ext.SOURCE_LABEL})"} if runs[0].external else row)
     return pd.DataFrame(rows, columns=run_units.COLUMNS)
 
 

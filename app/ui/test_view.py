@@ -9,7 +9,7 @@ import streamlit as st
 from app.present import figures
 from app.present import test_scores as ts
 from app.present import text as f
-from app.ui import queries
+from app.ui import external_view, queries
 from core.names import SUCCESS_STATUSES, VAL_ACC
 from db.types import RunRecord
 
@@ -24,6 +24,9 @@ LABELS = {
 def show(r: RunRecord) -> None:
     """The block, on a run that ended; nothing while it runs (the test split is scored only at its end)."""
     if not r.finished:
+        return
+    if r.external:  # no test split of torchdeck's: whatever it logged is on the charts
+        external_view.not_applicable("test")
         return
     scores = ts.scores(r)
     if not scores:
