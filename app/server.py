@@ -1,6 +1,7 @@
 """The dashboard as served by `torchdeck ui` / `torchdeck up` (`streamlit run app/server.py`): the pages of
 app/main.py, plus the route the live Run page's charts are fed by (app/live/route.py) and the artifact downloads' route
-(app/web/downloads.py) and the model registry's stable links (app/web/model_downloads.py), behind the front door
+(app/web/downloads.py), the model registry's stable links (app/web/model_downloads.py) and the MLflow tracking
+endpoint that people's own scripts log into (app/tracking/), behind the front door
 (app/web/front_door.py: local mode answers this machine's names only, no other site may frame the dashboard). In team
 mode each of these routes serves a person only what belongs to the projects they may read (app/web/access.py).
 
@@ -19,7 +20,8 @@ if str(ROOT) not in sys.path:  # `streamlit run app/server.py` puts app/, not th
 import streamlit as st  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from app.web import downloads, front_door, model_downloads  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
+from app.tracking import route as tracking  # noqa: E402 - the MLflow endpoint: its handlers are imported at a request
+from app.web import downloads, front_door, model_downloads, nodelay  # noqa: E402 - torch-free and cache-free: safe before Streamlit's runtime exists
 
 # app.live.route.PATH, written out: importing app.live.route here would import the dashboard's caches too early.
 LIVE_PATH = "/_torchdeck/live"
@@ -33,9 +35,15 @@ async def live(request):
     return await route.live(request)
 
 
+nodelay.install()  # answers are not held back ~40 ms on kept-alive connections (app/web/nodelay.py)
 os.environ["TORCHDECK_LIVE_FEED"] = "1"  # app.live.route.served(): the pages may hand out grants
 app = st.App(
     str(ROOT / "app" / "main.py"),
-    routes=[Route(LIVE_PATH, live, methods=["GET"]), *downloads.routes(), *model_downloads.routes()],
+    routes=[
+        Route(LIVE_PATH, live, methods=["GET"]),
+        *downloads.routes(),
+        *model_downloads.routes(),
+        *tracking.routes(),
+    ],
     middleware=front_door.middleware(),
 )

@@ -21,9 +21,12 @@ import os
 import pwd
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -325,3 +328,30 @@ def start_redis(folder: Path, *, password: str | None = None, timeout_s: float =
                 time.sleep(0.05)
         proc.wait()
     raise AssertionError(f"redis-server exited at start three times (last: {proc.returncode}): no free port?")
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Stop a process started with start_new_session=True, and its children: TERM, then KILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{' '.join(map(str, proc.args[:4]))} exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")

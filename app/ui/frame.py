@@ -46,8 +46,9 @@ PAGES = (
     PageInfo("app_pages/workers.py", "Workers", ":material/memory:", "workers", "Resources"),
     PageInfo("app_pages/datasets.py", "Datasets", ":material/folder_zip:", "datasets", "Resources"),
     PageInfo("app_pages/project.py", "Project", ":material/group_work:", "project", "Resources"),
+    PageInfo("app_pages/tokens.py", "API tokens", ":material/key:", "tokens", "Resources"),
 )
-OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, MODELS, ARTIFACT, WORKERS, DATASETS, PROJECT = (p.path for p in PAGES)
+OVERVIEW, RUNS, NEW, RUN, COMPARE, SWEEP, MODELS, ARTIFACT, WORKERS, DATASETS, PROJECT, TOKENS = (p.path for p in PAGES)
 PROJECT_URL = "project"  # the Project page's url_path: the one page shown to someone in no project yet
 
 
@@ -94,7 +95,7 @@ def _active_counts(url: str, project: str) -> tuple[int, int]:
 
     e = engine_for(url)
     running = list_runs(e, status="running", project=project, limit=1).total
-    return running, list_runs(e, status=list(CLAIMABLE_STATUSES), project=project, limit=1).total
+    return running, list_runs(e, status=list(CLAIMABLE_STATUSES), project=project, source="torchdeck", limit=1).total
 
 
 def sidebar(project: str | None) -> DeltaGenerator:

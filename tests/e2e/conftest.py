@@ -18,8 +18,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests._servers import free_port  # the e2e tests import it from here
+from tests._servers import free_port, stop_group, wait_http  # the e2e tests import them from here
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
@@ -105,31 +103,6 @@ def ends_with_us(command: list[str]) -> list[str]:
     if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
         return command
     return [sys.executable, "-c", _ENDS_WITH_PARENT, str(os.getpid()), *command]
-
-
-def stop_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    """Stop a process started with start_new_session=True, and its children: TERM, then KILL."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"torchdeck up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")
 
 
 @contextmanager
