@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, case, select, update
+from sqlalchemy import Connection, Engine, case, func, select, update
 
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound
@@ -59,6 +59,17 @@ class NotExternal(ValueError):
         self.run_id = run_id
 
 
+class TooManyRunning(ValueError):
+    """A person's scripts have as many runs running as they may."""
+
+    def __init__(self, owner: str, running: int, limit: int):
+        super().__init__(
+            f"{owner} has {running} runs of scripts running, the most one person may ({limit}): end some "
+            "(mlflow.end_run) or wait until torchdeck marks the silent ones lost"
+        )
+        self.owner, self.running, self.limit = owner, running, limit
+
+
 class ParamChanged(ValueError):
     """A param logged again with another value (params are written once, as in MLflow)."""
 
@@ -78,8 +89,11 @@ def create_run(
     name: str | None = None,
     tags: Mapping[str, str] | None = None,
     started_at: datetime | None = None,
+    max_running: int | None = None,
 ) -> RunRecord:
-    """A new running external run of `owner` in `project` (the caller checked they may contribute to it)."""
+    """A new running external run of `owner` in `project` (the caller checked they may contribute to it).
+    TooManyRunning when `owner` has `max_running` scripts' runs running already (counted in the transaction that
+    stores the new one: concurrent scripts of one person never overshoot it)."""
     run_id = new_id()
     check_text("owner", owner, OWNER_LEN)
     name = name or run_id
@@ -105,8 +119,20 @@ def create_run(
         source=SOURCE,
     )
     with connection_scope(engine, write=True) as conn:
+        if max_running is not None:
+            _check_running(conn, owner, max_running)
         conn.execute(Run.__table__.insert().values({c.name: getattr(row, c.key) for c in Run.__table__.columns}))
     return get_run(engine, run_id)
+
+
+def _check_running(conn: Connection, owner: str, limit: int) -> None:
+    if conn.dialect.name == "postgresql":  # SQLite's writers are serialised already
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"scripts:{owner}"))))
+    running = conn.execute(
+        select(func.count()).select_from(Run).where(Run.owner == owner, Run.source == SOURCE, Run.status == "running")
+    ).scalar_one()
+    if running >= limit:
+        raise TooManyRunning(owner, running, limit)
 
 
 def log(
@@ -298,6 +324,7 @@ __all__ = [
     "SOURCE",
     "NotExternal",
     "ParamChanged",
+    "TooManyRunning",
     "RunNotFound",
     "create_run",
     "end",

@@ -9,6 +9,7 @@ only a script's run is written this way (a torchdeck run is its worker's)."""
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +42,7 @@ from db.listing import MAX_PAGE, list_runs
 from db.projects import ProjectNotFound
 from db.types import RunRecord
 
+MAX_RUNNING_ENV = "TORCHDECK_MAX_SCRIPT_RUNS_PER_OWNER"  # a person's scripts' runs running at once (default 100)
 # A search reads at most this many runs of the experiments it names, newest first, before it filters them.
 SEARCH_SCAN = 100_000
 
@@ -100,10 +102,21 @@ def create(ctx, body: Mapping[str, Any]) -> dict[str, Any]:
             name=name,
             tags=tags,
             started_at=from_ms(body.get("start_time"), "start_time"),
+            max_running=max_running(),
         )
+    except external.TooManyRunning as e:
+        raise MlflowError("INVALID_STATE", str(e)) from None
     except ValueError as e:
         raise invalid(str(e)) from None
     return answer(run)
+
+
+def max_running() -> int:
+    raw = os.environ.get(MAX_RUNNING_ENV, "").strip() or "100"
+    try:
+        return max(int(raw), 1)
+    except ValueError:
+        raise MlflowError("INTERNAL_ERROR", f"{MAX_RUNNING_ENV}={raw!r} is not a whole number") from None
 
 
 def _tags(raw: Any) -> dict[str, str]:

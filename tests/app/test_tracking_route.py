@@ -139,3 +139,11 @@ def test_a_request_that_is_not_json_or_not_answered_gets_mlflows_error_shape(hom
     for method, path in (("POST", f"{API}/model-versions/create"), ("GET", f"{PATH}/api/2.0/preview/x")):
         answer = client.request(method, path)
         assert answer.status_code == 404 and answer.json()["error_code"] == "ENDPOINT_NOT_FOUND"
+
+
+def test_a_persons_scripts_are_refused_a_run_over_their_limit_in_mlflows_shape(home, client, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHDECK_MAX_SCRIPT_RUNS_PER_OWNER", "1")
+    assert call(client, None, "POST", "runs/create", {"experiment_id": "0"}).status_code == 200
+    refused = call(client, None, "POST", "runs/create", {"experiment_id": "0"})
+    assert refused.status_code == 400 and refused.json()["error_code"] == "INVALID_STATE"
+    assert "the most one person may (1)" in refused.json()["message"]

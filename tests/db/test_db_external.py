@@ -136,3 +136,13 @@ def test_0015_adds_the_source_and_goes_down_and_up_again(database_url: str) -> N
         assert repo.get_run(engine, ours.id).source == "torchdeck"
     finally:
         engine.dispose()
+
+
+def test_a_persons_scripts_run_at_most_so_many_runs_at_once(engine: Engine) -> None:
+    first = external.create_run(engine, owner="ada", max_running=2)
+    external.create_run(engine, owner="ada", max_running=2)
+    external.create_run(engine, owner="bob", max_running=2)  # another person's count is their own
+    with pytest.raises(external.TooManyRunning, match="the most one person may \\(2\\)"):
+        external.create_run(engine, owner="ada", max_running=2)
+    external.end(engine, first.id, "FINISHED")
+    external.create_run(engine, owner="ada", max_running=2)  # an ended one frees its place
