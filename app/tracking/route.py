@@ -167,7 +167,6 @@ async def _body(request) -> dict[str, Any]:
 def who(request) -> Ctx:
     """The acting person with their roles, or UNAUTHENTICATED (team mode)."""
     from app.services.broker import get_engine
-    from app.services.projects import with_roles
 
     engine = get_engine()
     if not auth.team_mode():
@@ -188,7 +187,7 @@ def who(request) -> Ctx:
             "this API token is not known to torchdeck, was revoked, or its person is no longer a member: make a new "
             "one on the dashboard's API tokens page",
         )
-    return Ctx(with_roles(user, engine) or user, engine)
+    return Ctx(user, engine)  # with their projects' roles, looked up at this request
 
 
 def bearer(header: str) -> str | None:
