@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,11 +22,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, case, func, select, update
 
+from db.artifact_records import artifact_record, artifact_row, list_artifacts
 from db.engine import connection_scope, session_scope
 from db.errors import RunNotFound
 from db.metrics import lock_run_for_append, prepare, write_batch
 from db.models import Artifact, Metric, Run
-from db.records import get_artifact, list_artifacts
 from db.run_records import get_run
 from db.runs import new_id
 from db.types import (
@@ -253,16 +252,7 @@ def replace_file(
 ) -> tuple[ArtifactRecord, list[str]]:
     """Register a file the script uploaded under `path` (replacing an earlier one of that path: their ids are
     returned), as the run's heartbeat. RunNotFound, NotExternal."""
-    artifact = Artifact(
-        id=secrets.token_hex(16),
-        run_id=run_id,
-        kind=FILE_KIND,
-        uri=uri,
-        size=size,
-        sha256=sha256,
-        meta={"path": path},
-        created_at=utcnow(),
-    )
+    artifact = artifact_row(run_id, FILE_KIND, uri, size=size, sha256=sha256, meta={"path": path})
     with session_scope(engine) as session:
         run = session.get(Run, run_id)
         if run is None:
@@ -277,7 +267,7 @@ def replace_file(
         run.heartbeat_at = utcnow()
         if run.status == "lost":
             run.status = "running"
-    return get_artifact(engine, artifact.id), [a.id for a in replaced]
+    return artifact_record(artifact), [a.id for a in replaced]
 
 
 @dataclass(frozen=True)

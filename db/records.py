@@ -10,9 +10,9 @@ from sqlalchemy import Engine, delete, insert, select
 
 from core.redact import redact, redact_data
 from db.engine import connection_scope, session_scope
-from db.errors import ArtifactNotFound, DatasetNotFound, RunNotFound
+from db.errors import DatasetNotFound, RunNotFound
 from db.metrics import IN_CHUNK, lock_run_for_append
-from db.models import Account, Artifact, Dataset, Event, Run, Worker
+from db.models import Account, Dataset, Event, Run, Worker
 from db.types import (
     DATASET_STATUSES,
     DEFAULT_PROJECT,
@@ -23,7 +23,6 @@ from db.types import (
     OWNER_LEN,
     WORKER_ID_LEN,
     AccountRecord,
-    ArtifactRecord,
     DatasetRecord,
     EventInput,
     EventRecord,
@@ -131,76 +130,13 @@ def list_events(
         ]
 
 
-def add_artifact(
-    engine: Engine,
-    run_id: str,
-    kind: str,
-    uri: str,
-    *,
-    size: int | None = None,
-    sha256: str | None = None,
-    meta: Mapping[str, Any] | None = None,
-) -> ArtifactRecord:
-    """Register a file of a run (checkpoint, export...) by URI; returns it with its opaque id."""
-    if not kind or len(kind) > 32:
-        raise ValueError(f"artifact kind {kind!r}: 1 to 32 characters")
-    if not uri:
-        raise ValueError("artifact uri must not be empty")
-    if sha256 is not None and len(sha256) != 64:
-        raise ValueError(f"sha256 must be 64 hex characters, got {sha256!r}")
-    # Random, so that an artifact URL reveals nothing and cannot be guessed.
-    artifact = Artifact(
-        id=secrets.token_hex(16),
-        run_id=run_id,
-        kind=kind,
-        uri=uri,
-        size=size,
-        sha256=sha256,
-        meta=json_safe(meta or {}),
-        created_at=utcnow(),
-    )
-    with session_scope(engine) as session:
-        if session.get(Run, run_id) is None:
-            raise RunNotFound(run_id)
-        session.add(artifact)
-    return _artifact(artifact)
-
-
-def get_artifact(engine: Engine, artifact_id: str) -> ArtifactRecord:
-    return _get(engine, Artifact, artifact_id, ArtifactNotFound, _artifact)
-
-
-def _get(engine: Engine, model: type, key: str, missing: type[LookupError], record: Any) -> Any:
+def get_row(engine: Engine, model: type, key: str, missing: type[LookupError], record: Any) -> Any:
     """The record of one row by primary key, or `missing(key)`."""
     with session_scope(engine, write=False) as session:
         row = session.get(model, key)
         if row is None:
             raise missing(key)
         return record(row)
-
-
-def list_artifacts(engine: Engine, run_id: str, kind: str | None = None) -> list[ArtifactRecord]:
-    query = select(Artifact).where(Artifact.run_id == run_id)
-    if kind is not None:
-        query = query.where(Artifact.kind == kind)
-    with session_scope(engine, write=False) as session:
-        if session.get(Run, run_id) is None:
-            raise RunNotFound(run_id)
-        found = session.execute(query.order_by(Artifact.created_at, Artifact.id)).scalars()
-        return [_artifact(a) for a in found]
-
-
-def _artifact(a: Artifact) -> ArtifactRecord:
-    return ArtifactRecord(
-        id=a.id,
-        run_id=a.run_id,
-        kind=a.kind,
-        uri=a.uri,
-        size=a.size,
-        sha256=a.sha256,
-        meta=a.meta or {},
-        created_at=a.created_at,
-    )
 
 
 def upsert_worker(
@@ -316,7 +252,7 @@ def update_dataset(
 
 
 def get_dataset(engine: Engine, dataset_id: str) -> DatasetRecord:
-    return _get(engine, Dataset, dataset_id, DatasetNotFound, _dataset)
+    return get_row(engine, Dataset, dataset_id, DatasetNotFound, _dataset)
 
 
 def list_datasets(engine: Engine, status: str | None = None, project: str | None = None) -> list[DatasetRecord]:

@@ -5,6 +5,7 @@ The functions live in small modules by subject; this module is the one place
 callers import them from.
 """
 
+from db.artifact_records import add_artifact, get_artifact, list_artifacts
 from db.errors import (
     ArtifactNotFound,
     DatasetNotFound,
@@ -35,14 +36,11 @@ from db.queue_order import (
 from db.quota import queued_count
 from db.records import (
     accounts,
-    add_artifact,
     append_events,
     create_dataset,
     delete_dataset,
     event_problem,
-    get_artifact,
     get_dataset,
-    list_artifacts,
     list_datasets,
     list_events,
     list_workers,

@@ -35,7 +35,7 @@ from app.tracking.protocol import (
     required,
     run_json,
 )
-from app.tracking.search import Clause, matches, offset_of, order_keys, page, parse, token_of
+from app.tracking.search import matches, offset_of, order_keys, page, parse, token_of
 from db import external
 from db.errors import RunNotFound, RunRegistered
 from db.listing import MAX_PAGE, list_runs
@@ -173,6 +173,13 @@ def search(ctx, body: Mapping[str, Any]) -> dict[str, Any]:
     order = order_keys(body.get("order_by") or ())
     if str(body.get("run_view_type") or "ACTIVE_ONLY").upper() == "DELETED_ONLY":
         return {"runs": []}  # torchdeck deletes a run outright
+    made: dict[str, dict[str, Any]] = {}  # each run's JSON, made once: filters, order and answer read it
+
+    def value(entity: str, key: str, run: RunRecord) -> Any:
+        if run.id not in made:
+            made[run.id] = run_json(run, experiments.experiment_id(run.project))
+        return _value(entity, key, run, made[run.id])
+
     found: list[RunRecord] = []
     for experiment in body.get("experiment_ids") or ():
         project = experiments.project_of_id(experiment)
@@ -180,15 +187,14 @@ def search(ctx, body: Mapping[str, Any]) -> dict[str, Any]:
             experiments.readable_project(ctx, project)
         except MlflowError:
             continue  # as MLflow: an experiment that is not there has no runs
-        found += [r for r in _scan(ctx, project) if all(_matches(c, r) for c in clauses)]
+        found += [r for r in _scan(ctx, project) if all(matches(c, value(c.entity, c.key, r)) for c in clauses)]
     found.sort(key=lambda r: (-(ms(r.started_at or r.created_at) or 0), r.id))
     for entity, key, descending in reversed(order):  # stable sorts, the first order key last
-        have = [r for r in found if _value(entity, key, r) is not None]
-        lacking = [r for r in found if _value(entity, key, r) is None]
-        have.sort(key=lambda r: _sortable(_value(entity, key, r)), reverse=descending)
-        found = have + lacking
+        keyed = [(value(entity, key, r), r) for r in found]
+        have = sorted(((_sortable(v), r) for v, r in keyed if v is not None), key=lambda p: p[0], reverse=descending)
+        found = [r for _, r in have] + [r for v, r in keyed if v is None]
     chosen, token = page(found, limit, body.get("page_token"))
-    runs = [answer(r)["run"] for r in chosen]
+    runs = [made.get(r.id) or answer(r)["run"] for r in chosen]
     return {"runs": runs, **({"next_page_token": token} if token else {})}
 
 
@@ -202,11 +208,11 @@ def _scan(ctx, project: str) -> list[RunRecord]:
     return runs
 
 
-def _value(entity: str, key: str, run: RunRecord) -> Any:
+def _value(entity: str, key: str, run: RunRecord, data: Mapping[str, Any]) -> Any:
+    """What a filter or order key reads of a run (`data`: the run's JSON)."""
     if entity == "metric":
         summary = run.metrics.get(key)
         return None if summary is None else summary.last_value
-    data = run_json(run, experiments.experiment_id(run.project))
     if entity == "param":
         return next((p["value"] for p in data["data"]["params"] if p["key"] == key), None)
     if entity == "tag":
@@ -218,10 +224,6 @@ def _value(entity: str, key: str, run: RunRecord) -> Any:
     if key in ("start_time", "end_time", "artifact_uri", "lifecycle_stage"):
         return info.get(key)
     raise invalid(f"Invalid attribute key '{key}': run_name, status, run_id, user_id, start_time or end_time")
-
-
-def _matches(clause: Clause, run: RunRecord) -> bool:
-    return matches(clause, _value(clause.entity, clause.key, run))
 
 
 def _sortable(value: Any) -> tuple[int, Any]:
