@@ -24,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ import numpy as np
 CACHE_ENV = "TORCHDECK_IMAGE_CACHE"
 FORMAT = 1  # bump when the decoding changes what is stored
 _META, _IMAGES, _LOCK, _SYNCED = "meta.json", "images.u8", ".lock", "synced"
+_BUILDING, _REMOVING = ".building-", ".removing-"  # a folder being built or removed: never an entry
 
 
 def cache_root() -> Path | None:
@@ -174,7 +176,7 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
         found = lookup(root, key)
         if found is not None:
             return found
-        tmp = root / f"{key}.building-{os.getpid()}"
+        tmp = root / f"{key}{_BUILDING}{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
@@ -198,7 +200,7 @@ def build(root: Path, key: str, describe: dict, shape: tuple[int, ...], fill) ->
                 "created": time.time(),
             }
             (tmp / _META).write_text(json.dumps(meta))
-            shutil.rmtree(root / key, ignore_errors=True)
+            _discard(root / key)
             tmp.rename(root / key)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -214,7 +216,18 @@ def _forget_older(root: Path, key: str, describe: dict) -> None:
     same = ("source", "part", "mode", "side", "interpolation")
     for e in list_entries(root):
         if e.key != key and (meta := _meta(e.folder)) and all(meta.get(k) == describe.get(k) for k in same):
-            shutil.rmtree(e.folder, ignore_errors=True)
+            _discard(e.folder)
+
+
+def _discard(folder: Path) -> None:
+    """Remove an entry's folder, renamed away first: the background sync writes its mark by the entry's path, and a
+    mark written into a folder half removed would keep the folder (and a stray file) on the disk."""
+    gone = folder.with_name(f"{folder.name}{_REMOVING}{uuid.uuid4().hex[:12]}")
+    try:
+        folder.rename(gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def list_entries(root: Path | None = None) -> list[CacheEntry]:
@@ -224,7 +237,8 @@ def list_entries(root: Path | None = None) -> list[CacheEntry]:
         return []
     out = []
     for folder in root.iterdir():
-        meta = _meta(folder) if folder.is_dir() and ".building-" not in folder.name else None
+        unfinished = _BUILDING in folder.name or _REMOVING in folder.name
+        meta = _meta(folder) if folder.is_dir() and not unfinished else None
         if meta is None:
             continue
         size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
@@ -253,11 +267,15 @@ def remove_entry(key: str, root: Path | None = None) -> int:
     found = [e for e in list_entries(root) if e.key == key] if root is not None else []
     if not found:
         raise KeyError(f"no image cache entry {key!r}")
-    shutil.rmtree(found[0].folder, ignore_errors=True)
+    _discard(found[0].folder)
     (found[0].folder.parent / f"{key}{_LOCK}").unlink(missing_ok=True)
     return found[0].bytes
 
 
 def clear(root: Path | None = None) -> int:
-    """Remove every finished entry; the bytes freed."""
-    return sum(remove_entry(e.key, root) for e in list_entries(root))
+    """Remove every finished entry, and what a removal cut short left; the bytes freed."""
+    root = cache_root() if root is None else root
+    freed = sum(remove_entry(e.key, root) for e in list_entries(root))
+    for left in root.glob(f"*{_REMOVING}*") if root is not None and root.is_dir() else []:
+        shutil.rmtree(left, ignore_errors=True)
+    return freed

@@ -254,3 +254,50 @@ def test_an_unusable_cache_folder_is_said_and_the_images_decoded_anyway(tmp_path
     bundle, said = _load(_photos(tmp_path / "pets"))
     assert "cannot be used" in said[0] and str(in_the_way) in said[0]
     assert "decoded with 1 thread(s)" in said[1] and len(bundle.train) + len(bundle.val) == 40
+
+
+def test_removing_an_entry_while_its_sync_marks_it_leaves_nothing_behind(cache, monkeypatch):
+    """The background sync writes its mark by the entry's path; should it do so while the entry is being removed
+    (after the files are gone, before the folder is), no folder and no stray mark may stay on the disk. The two
+    steps are put in that order by events, not by timing."""
+    import os
+
+    from core import image_cache
+
+    def fill(path):
+        rows = np.memmap(path, dtype=np.uint8, mode="r+", shape=(4, 1, 8, 8))
+        rows[:] = 3
+        rows.flush()
+        return np.arange(4), []
+
+    image_cache.build(cache, "k1", {"source": "/data/x", "part": "train"}, (4, 1, 8, 8), fill)
+    entry = cache / "k1"
+    deadline = time.monotonic() + 120  # the build's own sync thread finishes first: this test makes the race itself
+    while not (entry / "synced").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    at_mark, files_gone = threading.Event(), threading.Event()
+    real_touch, real_rmdir = Path.touch, os.rmdir
+
+    def touch(self, *args, **kwargs):  # the sync has checked meta.json is there and is about to write its mark
+        at_mark.set()
+        assert files_gone.wait(60)
+        return real_touch(self, *args, **kwargs)
+
+    syncing = threading.Thread(target=image_cache._sync, args=(entry,))
+
+    def rmdir(path, *args, **kwargs):  # the files are gone; the sync writes its mark before the folder goes
+        if kwargs.get("dir_fd") is None and not files_gone.is_set():
+            files_gone.set()
+            syncing.join(60)
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "touch", touch)
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    syncing.start()
+    assert at_mark.wait(60)
+    assert image_cache.clear(cache) > 0
+    assert files_gone.is_set() and not syncing.is_alive()
+    monkeypatch.setattr(Path, "touch", real_touch)
+    monkeypatch.setattr(os, "rmdir", real_rmdir)
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == []
+    assert image_cache.list_entries(cache) == []
