@@ -131,21 +131,29 @@ def _boot() -> str | None:
 
 def _sync(folder: Path) -> None:
     """Write the entry's images to the disk, then mark it synced (an empty file: the entry's size stays what it
-    is). The thread runs at the lowest priority (Linux: a thread's own): the run's training goes first."""
+    is). Everything goes through the folder opened once, so the mark lands beside the images it vouches for, even
+    when the entry was removed and built again meanwhile. The thread runs at the lowest priority (Linux: a thread's
+    own): the run's training goes first."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (OSError, AttributeError):
         pass
     try:
-        fd = os.open(folder / _IMAGES, os.O_RDONLY)
+        at = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # removed meanwhile (a newer entry, the Datasets page): nothing to keep
+        return
+    try:
+        fd = os.open(_IMAGES, os.O_RDONLY, dir_fd=at)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        if (folder / _META).exists():
-            (folder / _SYNCED).touch()
-    except OSError:  # removed meanwhile (a newer entry, the Datasets page): nothing to keep
+        os.stat(_META, dir_fd=at)
+        os.close(os.open(_SYNCED, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=at))
+    except OSError:  # removed meanwhile
         pass
+    finally:
+        os.close(at)
 
 
 def _usable(folder: Path, meta: dict) -> bool:
@@ -220,14 +228,17 @@ def _forget_older(root: Path, key: str, describe: dict) -> None:
 
 
 def _discard(folder: Path) -> None:
-    """Remove an entry's folder, renamed away first: the background sync writes its mark by the entry's path, and a
-    mark written into a folder half removed would keep the folder (and a stray file) on the disk."""
+    """Remove an entry's folder: renamed away first (no reader or builder finds a half-removed entry), removed again
+    should the background sync have written its mark into it after the files went (the folder would stay)."""
     gone = folder.with_name(f"{folder.name}{_REMOVING}{uuid.uuid4().hex[:12]}")
     try:
         folder.rename(gone)
     except FileNotFoundError:
         return
-    shutil.rmtree(gone, ignore_errors=True)
+    for _ in range(3):  # the sync writes one mark at most: a second pass finds it
+        shutil.rmtree(gone, ignore_errors=True)
+        if not gone.exists():
+            return
 
 
 def list_entries(root: Path | None = None) -> list[CacheEntry]:

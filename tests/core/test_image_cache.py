@@ -257,9 +257,9 @@ def test_an_unusable_cache_folder_is_said_and_the_images_decoded_anyway(tmp_path
 
 
 def test_removing_an_entry_while_its_sync_marks_it_leaves_nothing_behind(cache, monkeypatch):
-    """The background sync writes its mark by the entry's path; should it do so while the entry is being removed
-    (after the files are gone, before the folder is), no folder and no stray mark may stay on the disk. The two
-    steps are put in that order by events, not by timing."""
+    """Should the background sync write its mark while the entry is being removed (after the files are gone, before
+    the folder is), no folder and no stray mark may stay on the disk. The steps are put in that order by events,
+    not by timing."""
     import os
 
     from core import image_cache
@@ -276,12 +276,13 @@ def test_removing_an_entry_while_its_sync_marks_it_leaves_nothing_behind(cache, 
     while not (entry / "synced").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     at_mark, files_gone = threading.Event(), threading.Event()
-    real_touch, real_rmdir = Path.touch, os.rmdir
+    real_open, real_rmdir = os.open, os.rmdir
 
-    def touch(self, *args, **kwargs):  # the sync has checked meta.json is there and is about to write its mark
-        at_mark.set()
-        assert files_gone.wait(60)
-        return real_touch(self, *args, **kwargs)
+    def open_(path, flags, *args, **kwargs):  # the sync has checked meta.json is there and is about to write its mark
+        if str(path).endswith("synced") and flags & os.O_CREAT:
+            at_mark.set()
+            assert files_gone.wait(60)
+        return real_open(path, flags, *args, **kwargs)
 
     syncing = threading.Thread(target=image_cache._sync, args=(entry,))
 
@@ -291,13 +292,55 @@ def test_removing_an_entry_while_its_sync_marks_it_leaves_nothing_behind(cache, 
             syncing.join(60)
         return real_rmdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "touch", touch)
+    monkeypatch.setattr(os, "open", open_)
     monkeypatch.setattr(os, "rmdir", rmdir)
     syncing.start()
     assert at_mark.wait(60)
     assert image_cache.clear(cache) > 0
     assert files_gone.is_set() and not syncing.is_alive()
-    monkeypatch.setattr(Path, "touch", real_touch)
+    monkeypatch.setattr(os, "open", real_open)
     monkeypatch.setattr(os, "rmdir", real_rmdir)
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == []
     assert image_cache.list_entries(cache) == []
+
+
+def test_a_sync_of_a_removed_entry_never_marks_the_entry_built_again_in_its_place(cache, monkeypatch):
+    """A sync still running when its entry is removed and built again (the same data, the same key) must not mark
+    the new entry synced: the mark vouches for images it has not written to the disk."""
+    import os
+
+    from core import image_cache
+
+    def fill(path):
+        rows = np.memmap(path, dtype=np.uint8, mode="r+", shape=(4, 1, 8, 8))
+        rows[:] = 5
+        rows.flush()
+        return np.arange(4), []
+
+    describe = {"source": "/data/x", "part": "train"}
+    image_cache.build(cache, "k1", describe, (4, 1, 8, 8), fill)
+    entry = cache / "k1"
+    deadline = time.monotonic() + 120
+    while not (entry / "synced").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (entry / "synced").unlink()
+    at_mark, rebuilt = threading.Event(), threading.Event()
+    real_open = os.open
+    syncing = threading.Thread(target=image_cache._sync, args=(entry,))
+
+    def open_(path, flags, *args, **kwargs):  # the old entry's sync, about to write its mark, waits for the rebuild
+        if str(path).endswith("synced") and flags & os.O_CREAT and threading.current_thread() is syncing:
+            at_mark.set()
+            assert rebuilt.wait(60)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    syncing.start()
+    assert at_mark.wait(60)
+    image_cache.remove_entry("k1", cache)
+    monkeypatch.setattr(image_cache, "_boot", lambda: None)  # the new entry is on the disk before it counts: no sync
+    image_cache.build(cache, "k1", describe, (4, 1, 8, 8), fill)
+    rebuilt.set()
+    syncing.join(60)
+    assert not syncing.is_alive() and (entry / "meta.json").exists()
+    assert not (entry / "synced").exists()
